@@ -1,0 +1,402 @@
+"""The backend table: the single source of truth for what each attention backend declares.
+
+Read from vLLM 0.33.0 (``vllm/v1/attention/backends/**``; see
+``shared/research/vllm-specs-backends.md`` section 3.3). Each row records what the
+backend's ``get_supported_kernel_block_sizes``, ``supported_kv_cache_layouts`` and
+``customize_spec`` declare, plus the generation-1 (pre-0.30) ``get_kv_cache_shape`` /
+``get_kv_cache_stride_order`` for the backends that had one. Capability-dependent
+answers are ``Variant`` rows, applied in order.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from reference.errors import ConfigError
+from reference.layout import KVCacheLayout
+from reference.specs import AttentionSpec, KernelBlockSize, MultipleOf
+
+VLLM_VERSION = "0.33.0"
+"""The vLLM release this table was read from."""
+
+LBHNC, LBNHC, LHBNC, BLHNC = (
+    KVCacheLayout.LBHNC,
+    KVCacheLayout.LBNHC,
+    KVCacheLayout.LHBNC,
+    KVCacheLayout.BLHNC,
+)
+
+
+class Packing(str, enum.Enum):
+    """How a backend arranges K and V inside the ``[B, H, N, C]`` page (``customize_spec``)."""
+
+    KV_IN_C = "kv_in_c"
+    """K then V concatenated in C per (token, head): FA, FlashInfer, Triton, Flex."""
+    TWO_HEAD_SLOTS = "two_head_slots"
+    """H = 2 slots (K, V), C = all heads of one token: ROCM_ATTN, B12X."""
+    CPU_KV_PLANES = "cpu_kv_planes"
+    """Same bytes as KV_IN_C, but read as ``[2, N, D]`` per (block, head): CPU_ATTN."""
+    MLA_LATENT = "mla_latent"
+    """One latent vector per token (H = 1, no V): the MLA family."""
+    STATE = "state"
+    """Raw recurrent state: Mamba-like backends."""
+
+
+@dataclass(frozen=True)
+class HeadSizes:
+    """Which head sizes a backend accepts (``get_supported_head_sizes`` / ``supports_head_size``)."""
+
+    values: tuple[int, ...] | None = None
+    multiple_of: int = 1
+    minimum: int = 1
+    maximum: int | None = None
+
+    def accepts(self, head_size: int) -> bool:
+        if self.values is not None:
+            return head_size in self.values
+        if head_size % self.multiple_of or head_size < self.minimum:
+            return False
+        return self.maximum is None or head_size <= self.maximum
+
+    def __str__(self) -> str:
+        if self.values is not None:
+            return ", ".join(map(str, self.values))
+        parts = [f"multiples of {self.multiple_of}"] if self.multiple_of > 1 else []
+        if self.minimum > 1:
+            parts.append(f">= {self.minimum}")
+        if self.maximum is not None:
+            parts.append(f"<= {self.maximum}")
+        return " and ".join(parts) or "any"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A capability- or spec-dependent override of a backend's declarations."""
+
+    capability_majors: tuple[int, ...] = ()
+    """Applies only on these compute-capability majors (empty: any)."""
+    requires_gqa: bool = False
+    head_size: int | None = None
+    kernel_block_sizes: tuple[KernelBlockSize, ...] | None = None
+    layouts: tuple[KVCacheLayout, ...] | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LegacyLayout:
+    """Generation 1 (vLLM < 0.30): ``get_kv_cache_shape`` and ``get_kv_cache_stride_order``."""
+
+    shape: str
+    """``"2BNHD"`` (FA: ``(2, B, N, H, D)``), ``"B2NHD"`` (FlashInfer) or ``"BND"`` (MLA)."""
+    stride_order_nhd: tuple[int, ...]
+    stride_order_hnd: tuple[int, ...]
+
+
+_FA_LEGACY = LegacyLayout("2BNHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
+_FI_LEGACY = LegacyLayout("B2NHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
+_MLA_LEGACY = LegacyLayout("BND", (0, 1, 2), (0, 1, 2))
+
+_DEFAULT_KV = ("auto", "float16", "bfloat16")
+_FP8 = ("fp8", "fp8_e4m3")
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """One attention backend's layout-relevant declarations (vLLM 0.33.0)."""
+
+    name: str
+    source: str
+    kernel_block_sizes: tuple[KernelBlockSize, ...]
+    layouts: tuple[KVCacheLayout, ...] | None = None
+    head_sizes: HeadSizes = HeadSizes()
+    kv_cache_dtypes: tuple[str, ...] = _DEFAULT_KV
+    packing: Packing = Packing.KV_IN_C
+    is_mla: bool = False
+    is_ssm: bool = False
+    variants: tuple[Variant, ...] = ()
+    legacy: LegacyLayout | None = None
+    require_block_multiple_of_16: bool = False
+    """``customize_spec`` raises "Block size must be a multiple of 16." (ROCM_AITER_FA)."""
+
+    def _variant(self, spec: AttentionSpec | None, capability: tuple[int, int], gqa: bool) -> Variant | None:
+        for v in self.variants:
+            if v.capability_majors and capability[0] not in v.capability_majors:
+                continue
+            if v.requires_gqa and not gqa:
+                continue
+            if v.head_size is not None and (
+                spec is None or spec.head_size != v.head_size or spec.head_size_v != v.head_size
+            ):
+                continue
+            return v
+        return None
+
+    def supported_kernel_block_sizes(
+        self, spec: AttentionSpec | None = None, capability: tuple[int, int] = (9, 0), gqa: bool = True
+    ) -> tuple[KernelBlockSize, ...]:
+        v = self._variant(spec, capability, gqa)
+        if v is not None and v.kernel_block_sizes is not None:
+            return v.kernel_block_sizes
+        return self.kernel_block_sizes
+
+    def supported_layouts(self, capability: tuple[int, int] = (9, 0)) -> tuple[KVCacheLayout, ...] | None:
+        for v in self.variants:
+            if v.layouts is not None and (not v.capability_majors or capability[0] in v.capability_majors):
+                return v.layouts
+        return self.layouts
+
+
+BACKENDS: dict[str, BackendInfo] = {
+    b.name: b
+    for b in (
+        BackendInfo(
+            "FLASH_ATTN",
+            "v1/attention/backends/flash_attn.py",
+            (MultipleOf(16),),
+            head_sizes=HeadSizes(multiple_of=8, maximum=256),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8,
+            legacy=_FA_LEGACY,
+        ),
+        BackendInfo(
+            "FLASHINFER",
+            "v1/attention/backends/flashinfer.py",
+            (16, 32, 64),
+            head_sizes=HeadSizes(values=(64, 128, 256, 512)),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8 + ("fp8_e5m2", "nvfp4", "nvfp4_4over6"),
+            variants=(
+                Variant(
+                    capability_majors=(10,),
+                    requires_gqa=True,
+                    kernel_block_sizes=(16, 32, 64, 128, 256, 512, 1024),
+                    layouts=(LBHNC, BLHNC),
+                    note="SM100 with TRT-LLM attention (GQA)",
+                ),
+                Variant(capability_majors=(10,), layouts=(LBHNC, BLHNC), note="SM10x"),
+            ),
+            legacy=_FI_LEGACY,
+        ),
+        BackendInfo(
+            "TRITON_ATTN",
+            "v1/attention/backends/triton_attn.py",
+            (MultipleOf(16),),
+            head_sizes=HeadSizes(minimum=32),
+            kv_cache_dtypes=_DEFAULT_KV
+            + _FP8
+            + ("fp8_e5m2", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"),
+            legacy=_FI_LEGACY,
+        ),
+        BackendInfo(
+            "FLEX_ATTENTION",
+            "v1/attention/backends/flex_attention.py",
+            (MultipleOf(16),),
+            layouts=(LBNHC,),
+            legacy=_FA_LEGACY,
+        ),
+        BackendInfo(
+            "CPU_ATTN",
+            "v1/attention/backends/cpu_attn.py",
+            (MultipleOf(32),),
+            layouts=(LBHNC,),
+            head_sizes=HeadSizes(values=(32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8 + ("fp8_e5m2",),
+            packing=Packing.CPU_KV_PLANES,
+        ),
+        BackendInfo(
+            "HPC_ATTN",
+            "v1/attention/backends/hpc_attn.py",
+            (64,),
+            layouts=(LBNHC,),
+            head_sizes=HeadSizes(values=(128,)),
+            kv_cache_dtypes=("auto", "bfloat16", "fp8_e4m3"),
+        ),
+        BackendInfo(
+            "B12X",
+            "v1/attention/backends/b12x.py",
+            (64, 128),
+            layouts=(LBHNC, BLHNC),
+            head_sizes=HeadSizes(values=(64, 128, 192, 256)),
+            kv_cache_dtypes=("auto", "bfloat16") + _FP8,
+            packing=Packing.TWO_HEAD_SLOTS,
+        ),
+        BackendInfo(
+            "ROCM_ATTN",
+            "v1/attention/backends/rocm_attn.py",
+            (MultipleOf(16),),
+            layouts=(LHBNC, LBHNC),
+            head_sizes=HeadSizes(values=(32, 64, 80, 96, 128, 160, 192, 224, 256)),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8 + ("fp8_e5m2",),
+            packing=Packing.TWO_HEAD_SLOTS,
+        ),
+        BackendInfo(
+            "ROCM_AITER_FA",
+            "v1/attention/backends/rocm_aiter_fa.py",
+            (16, 32),
+            layouts=(LBHNC, LHBNC),
+            head_sizes=HeadSizes(values=(64, 128, 256)),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8 + ("fp8_e5m2",),
+            require_block_multiple_of_16=True,
+        ),
+        BackendInfo(
+            "TRITON_MLA",
+            "v1/attention/backends/mla/triton_mla.py",
+            (MultipleOf(16),),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8,
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+            legacy=_MLA_LEGACY,
+        ),
+        BackendInfo(
+            "FLASHMLA",
+            "v1/attention/backends/mla/flashmla.py",
+            (64,),
+            head_sizes=HeadSizes(values=(320, 512, 576)),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8,
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+            legacy=_MLA_LEGACY,
+        ),
+        BackendInfo(
+            "FLASH_ATTN_MLA",
+            "v1/attention/backends/mla/flashattn_mla.py",
+            (MultipleOf(16),),
+            head_sizes=HeadSizes(values=(320, 512, 576)),
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+            legacy=_MLA_LEGACY,
+        ),
+        BackendInfo(
+            "CUTLASS_MLA",
+            "v1/attention/backends/mla/cutlass_mla.py",
+            (128,),
+            head_sizes=HeadSizes(values=(320, 512, 576)),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8,
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+            legacy=_MLA_LEGACY,
+        ),
+        BackendInfo(
+            "FLASHINFER_MLA",
+            "v1/attention/backends/mla/flashinfer_mla.py",
+            (32, 64),
+            head_sizes=HeadSizes(values=(320, 512, 576)),
+            kv_cache_dtypes=_DEFAULT_KV + _FP8,
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+            legacy=_MLA_LEGACY,
+        ),
+        BackendInfo(
+            "TOKENSPEED_MLA",
+            "v1/attention/backends/mla/tokenspeed_mla.py",
+            (32, 64),
+            head_sizes=HeadSizes(values=(320, 512, 576)),
+            kv_cache_dtypes=_FP8,
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+        ),
+        BackendInfo(
+            "CPU_MLA",
+            "v1/attention/backends/mla/cpu_mla.py",
+            (16,),
+            head_sizes=HeadSizes(values=(576,)),
+            kv_cache_dtypes=("auto",),
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+        ),
+        *(
+            BackendInfo(
+                name,
+                "v1/attention/backends/" + module,
+                (MultipleOf(1),),
+                packing=Packing.STATE,
+                is_ssm=True,
+            )
+            for name, module in (
+                ("MAMBA2_ATTN", "mamba2_attn.py"),
+                ("MAMBA1_ATTN", "mamba1_attn.py"),
+                ("GDN_ATTN", "gdn_attn.py"),
+                ("SHORT_CONV_ATTN", "short_conv_attn.py"),
+                ("LINEAR_ATTN", "linear_attn.py"),
+            )
+        ),
+    )
+}
+
+
+def get_backend(name: str) -> BackendInfo:
+    """Look a backend up by vLLM enum name; one-line error naming the valid ones."""
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown attention backend {name!r}; expected one of {', '.join(sorted(BACKENDS))}"
+        ) from None
+
+
+def customize_spec(backend: BackendInfo, spec: AttentionSpec) -> AttentionSpec:
+    """The backend's ``customize_spec`` packing hook (vLLM 0.33.0)."""
+    if backend.require_block_multiple_of_16 and spec.block_size != 1 and spec.block_size % 16:
+        raise ConfigError(
+            f"block size {spec.block_size} is not a multiple of 16, which {backend.name} requires"
+        )
+    es = spec.element_size
+    if backend.packing is Packing.TWO_HEAD_SLOTS:
+        if spec.head_size != spec.head_size_v:
+            raise ConfigError(
+                f"{backend.name} needs head_size == head_size_v, got {spec.head_size} and {spec.head_size_v}"
+            )
+        return replace(spec, num_head_slots=2, state_content_bytes=spec.num_kv_heads * spec.head_size * es)
+    if spec.cache_dtype.startswith("nvfp4") and not backend.is_mla:
+        # K heads first, then V heads; each slot holds fp4 data plus one fp8 scale per 16.
+        return replace(
+            spec,
+            num_head_slots=2 * spec.num_kv_heads,
+            state_content_bytes=spec.head_size // 2 + spec.head_size // 16,
+        )
+    if spec.cache_dtype.endswith("_per_token_head"):
+        # Triton and MLACommon: one inline fp32 scale after each side (MLA has no V).
+        hk, hv = spec.head_size, spec.head_size_v
+        if spec.cache_dtype == "int4_per_token_head":
+            hk, hv = hk // 2, hv // 2
+        return replace(spec, state_content_bytes=(hk + hv) * es + 8)
+    return spec
+
+
+def customize_attention_spec(
+    backend: BackendInfo, spec: AttentionSpec, capability: tuple[int, int] = (9, 0)
+) -> AttentionSpec:
+    """``vllm/v1/worker/utils.customize_attention_spec``: packing plus stride alignment.
+
+    When a backend supports only fixed int kernel sizes, the block stride must be a
+    multiple of the largest one's page (``MultipleOf(max(sizes))``).
+    """
+    spec = customize_spec(backend, spec)
+    sizes = backend.supported_kernel_block_sizes(spec, capability, gqa=_is_gqa(spec))
+    if spec.block_stride_alignment is None and sizes and all(isinstance(s, int) for s in sizes):
+        spec = replace(spec, block_stride_alignment=MultipleOf(max(sizes)))  # type: ignore[type-var]
+    return spec
+
+
+def _is_gqa(spec: AttentionSpec) -> bool:
+    # The case does not carry query heads; every real model this table targets with
+    # FlashInfer on SM100 is GQA, which is what the variant checks.
+    return not spec.kind.is_mla
+
+
+def check_backend_accepts(backend: BackendInfo, spec: AttentionSpec, layer: str) -> None:
+    """The selector's validation: head size, cache dtype, MLA-ness (``validate_configuration``)."""
+    if backend.is_ssm:
+        raise ConfigError(f"layer {layer!r}: {backend.name} is a state-space backend, not an attention backend")
+    if backend.is_mla != spec.kind.is_mla:
+        want = "an MLA" if spec.kind.is_mla else "a non-MLA"
+        raise ConfigError(f"layer {layer!r}: {backend.name} is not {want} backend")
+    if not backend.head_sizes.accepts(spec.head_size):
+        raise ConfigError(
+            f"layer {layer!r}: head size {spec.head_size} is not supported by {backend.name}; "
+            f"supported: {backend.head_sizes}"
+        )
+    if spec.cache_dtype not in backend.kv_cache_dtypes:
+        raise ConfigError(
+            f"layer {layer!r}: cache dtype {spec.cache_dtype!r} is not supported by {backend.name}; "
+            f"supported: {', '.join(backend.kv_cache_dtypes)}"
+        )

@@ -1,0 +1,266 @@
+"""Grouping layers into KV cache groups, page-size unification, num_blocks and placement.
+
+Mirrors ``vllm/v1/core/kv_cache_planning.py`` (vLLM 0.33.0): ``get_kv_cache_groups``
+(uniform, uniform-type, ``unify_kv_cache_spec_page_size``,
+``_get_kv_cache_groups_uniform_page_size``), ``validate_kv_cache_layout``,
+``_get_kv_cache_bytes_per_block`` and ``get_kv_cache_config_from_groups``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from reference.errors import NotModeledError, StartupError
+from reference.layout import B, L, KVCacheLayout, compute_layout_strides
+from reference.specs import (
+    AttentionSpec,
+    GroupSpec,
+    LayerSpec,
+    MambaSpec,
+    UniformTypeSpecs,
+    is_uniform_type,
+    layer_spec_of,
+)
+
+_PLANNING = "vllm.v1.core.kv_cache_planning"
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one block table (vLLM ``KVCacheGroupSpec``)."""
+
+    layer_names: tuple[str, ...]
+    spec: GroupSpec
+
+
+@dataclass(frozen=True)
+class KVCacheTensor:
+    """Placement of a run of same-spec layers in the shared allocation (``KVCacheTensor``).
+
+    Layer ``layers[l]``'s page for block ``b`` starts at byte
+    ``offset + l*layer_stride + b*block_stride``.
+    """
+
+    size: int
+    layers: tuple[str, ...]
+    layer_stride: int
+    block_stride: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class KVCachePlan:
+    """What the planner hands the workers (``KVCacheConfig``)."""
+
+    num_blocks: int
+    bytes_per_block: int
+    tensors: tuple[KVCacheTensor, ...]
+    groups: tuple[KVCacheGroup, ...]
+    layout: KVCacheLayout
+
+    @property
+    def size(self) -> int:
+        return self.tensors[0].size if self.tensors else 0
+
+    def group_of(self, layer: str) -> int:
+        for gid, group in enumerate(self.groups):
+            if layer in group.layer_names:
+                return gid
+        raise KeyError(layer)
+
+
+# --- grouping -----------------------------------------------------------------------
+
+
+def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
+    """``KVCacheSpec.merge``: all equal (``is_draft`` excluded) or nothing."""
+    first = specs[0]
+    return first if all(s == first for s in specs) else None
+
+
+def unify_page_size(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
+    """``unify_kv_cache_spec_page_size``: scale block sizes or pad pages to the largest page."""
+    pages = {s.page_size_bytes for s in specs.values()}
+    if len(pages) == 1:
+        return dict(specs)
+    largest = max(pages)
+    out: dict[str, LayerSpec] = {}
+    for name, spec in specs.items():
+        page = spec.page_size_bytes
+        if page == largest:
+            out[name] = spec
+        elif isinstance(spec, MambaSpec):
+            out[name] = replace(spec, page_size_padded=largest)
+        elif largest % page == 0:
+            out[name] = spec.with_block_size(spec.block_size * (largest // page))
+        elif isinstance(spec, AttentionSpec) and not spec.kind.is_mla:
+            out[name] = replace(spec, page_size_padded=largest)
+        else:
+            raise StartupError(
+                f"Layer {name}: page size is not divisible by the maximum page size and cannot "
+                "be padded. Padding is only supported for non-MLA attention layers.",
+                where=f"{_PLANNING}.unify_kv_cache_spec_page_size",
+            )
+    return out
+
+
+def _uniform_page_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
+    """``_get_kv_cache_groups_uniform_page_size``: bucket equal specs, split evenly, strided."""
+    buckets: dict[LayerSpec, list[str]] = {}
+    for name, spec in specs.items():
+        buckets.setdefault(spec, []).append(name)
+    lengths = [len(v) for v in buckets.values()]
+    min_n, max_n = min(lengths), max(lengths)
+    group_size = max_n if max_n < 1.5 * min_n else min_n
+    groups: list[KVCacheGroup] = []
+    for spec, layers in buckets.items():
+        num_groups = -(-len(layers) // group_size)
+        for i in range(num_groups):
+            members = tuple(layers[i::num_groups])
+            groups.append(KVCacheGroup(members, _merge_equal([specs[m] for m in members]) or spec))
+    return groups
+
+
+def get_kv_cache_groups(specs: dict[str, LayerSpec], layout: KVCacheLayout) -> list[KVCacheGroup]:
+    """Group the per-layer specs (``get_kv_cache_groups`` with the hybrid manager on)."""
+    if not specs:
+        return []
+    values = list(specs.values())
+    merged = _merge_equal(values)
+    if merged is not None:
+        return [KVCacheGroup(tuple(specs), merged)]
+    if is_uniform_type(values):
+        return [KVCacheGroup(tuple(specs), UniformTypeSpecs(tuple(specs.items())))]
+    if layout.is_block_outermost and len({s.page_size_bytes for s in values}) > 1:
+        raise NotModeledError(
+            f"packed grouping of mixed page sizes under block-outermost layout {layout.name} "
+            "(_get_packed_kv_cache_groups) is not modeled yet"
+        )
+    return _uniform_page_groups(unify_page_size(specs))
+
+
+def validate_layout(layout: KVCacheLayout, groups: Sequence[KVCacheGroup]) -> None:
+    """``validate_kv_cache_layout``: mixed per-layer pages need a block-compact layout."""
+    pages = sorted(
+        {layer_spec_of(g.spec, n).page_size_bytes for g in groups for n in g.layer_names}
+    )
+    if len(pages) <= 1:
+        return
+    if not layout.is_block_compact or (len(groups) > 1 and layout.is_layer_compact):
+        raise StartupError(
+            f"KV cache layout {layout.name} cannot express this model's mixed page sizes "
+            f"({pages}); a backend should declare block-outermost supported layouts (e.g. "
+            "BLHNC), or set VLLM_KV_CACHE_LAYOUT=BLHNC.",
+            where=f"{_PLANNING}.validate_kv_cache_layout",
+        )
+
+
+# --- placement ----------------------------------------------------------------------
+
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def _layer_specs(group: KVCacheGroup) -> list[tuple[str, LayerSpec]]:
+    return [(n, layer_spec_of(group.spec, n)) for n in group.layer_names]
+
+
+def bytes_per_block(groups: Sequence[KVCacheGroup], layout: KVCacheLayout) -> int:
+    """``_get_kv_cache_bytes_per_block``: the pool stride of one block id."""
+    if not layout.is_block_outermost:
+        return max(
+            sum(_round_up(s.page_size_bytes, s.get_block_stride_alignment()) for _, s in _layer_specs(g))
+            for g in groups
+        )
+    widest = max(sum(s.page_size_bytes for _, s in _layer_specs(g)) for g in groups)
+    align = 1
+    for g in groups:
+        for _, s in _layer_specs(g):
+            align = math.lcm(align, s.get_block_stride_alignment())
+    return _round_up(widest, align)
+
+
+def logical_shape(spec: LayerSpec, num_blocks: int, num_layers: int, kernel_block_size: int | None = None) -> tuple[int, ...]:
+    """``[L, B, H, N, C]`` of a run of layers, blocks in kernel units, C in bytes."""
+    kbs = kernel_block_size or spec.block_size
+    ratio = spec.block_size // kbs
+    return (
+        num_layers,
+        num_blocks * ratio,
+        spec.num_heads,
+        spec.num_kernel_states(kbs),
+        spec.state_content_size_bytes,
+    )
+
+
+def place_tensors(
+    groups: Sequence[KVCacheGroup], layout: KVCacheLayout, num_blocks: int, bpb: int
+) -> tuple[KVCacheTensor, ...]:
+    """``get_kv_cache_config_from_groups`` step 4: every group aliases the pool from byte 0."""
+    size = bpb * num_blocks
+    tensors: list[KVCacheTensor] = []
+    for group in groups:
+        runs: dict[LayerSpec, list[str]] = {}
+        for name, spec in _layer_specs(group):
+            runs.setdefault(spec, []).append(name)
+        offset = 0
+        for spec, names in runs.items():
+            fixed_block: int | None = None
+            if layout.is_block_outermost:
+                fixed_block = bpb
+            else:
+                padded = _round_up(spec.page_size_bytes, spec.get_block_stride_alignment())
+                if padded != spec.page_size_bytes:
+                    assert layout.is_block_compact, "padded pages need a block-compact layout"
+                    fixed_block = padded
+            strides = compute_layout_strides(
+                logical_shape(spec, num_blocks, len(names)),
+                layout,
+                (None, fixed_block, None, None, None),
+                spec.page_size_padded,
+            )
+            tensors.append(KVCacheTensor(size, tuple(names), strides[L], strides[B], offset))
+            offset += len(names) * (spec.page_size_bytes if layout.is_block_outermost else strides[L])
+    return tuple(tensors)
+
+
+def plan(
+    groups: Sequence[KVCacheGroup],
+    layout: KVCacheLayout,
+    *,
+    num_blocks: int | None,
+    available_memory: int | None,
+) -> KVCachePlan:
+    """Size the pool and place every tensor (``get_kv_cache_config_from_groups``)."""
+    validate_layout(layout, groups)
+    bpb = bytes_per_block(groups, layout)
+    if num_blocks is None:
+        assert available_memory is not None
+        num_blocks = available_memory // bpb
+        if num_blocks <= 0:
+            raise StartupError(
+                f"No available memory for the cache blocks: {available_memory} bytes is less "
+                f"than one block of {bpb} bytes",
+                where=f"{_PLANNING}._check_enough_kv_cache_memory",
+            )
+    return KVCachePlan(num_blocks, bpb, place_tensors(groups, layout, num_blocks, bpb), tuple(groups), layout)
+
+
+__all__ = [
+    "KVCacheGroup",
+    "KVCachePlan",
+    "KVCacheTensor",
+    "bytes_per_block",
+    "get_kv_cache_groups",
+    "logical_shape",
+    "place_tensors",
+    "plan",
+    "unify_page_size",
+    "validate_layout",
+
+
+
+]
