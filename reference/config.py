@@ -1,0 +1,182 @@
+"""A conformance case: the model's layers and the engine options that shape its KV cache.
+
+A case is plain data (JSON round-trips exactly), so every failure can print it and
+replay it. Validation happens here, with one-line errors that name the bad value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Mapping
+
+from reference.dtypes import CACHE_DTYPES, canonical_model_dtype
+from reference.errors import ConfigError
+
+LAYER_KINDS = (
+    "full",
+    "sliding_window",
+    "chunked_local",
+    "sink_full",
+    "mla",
+    "sliding_window_mla",
+    "cross",
+    "mamba",
+)
+CONNECTORS = ("nixl", "mooncake", "offloading", "lmcache")
+RUNNERS = ("mrv1", "mrv2")
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """One layer with a KV cache: its kind, backend and head geometry."""
+
+    name: str
+    kind: str = "full"
+    backend: str = "FLASH_ATTN"
+    num_kv_heads: int = 8
+    head_size: int = 128
+    head_size_v: int | None = None
+    cache_dtype: str = "auto"
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    sink_len: int | None = None
+    mamba_shapes: tuple[tuple[int, ...], ...] = ()
+    mamba_dtypes: tuple[str, ...] = ()
+    is_draft: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYER_KINDS:
+            raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} is not one of {', '.join(LAYER_KINDS)}")
+        if self.cache_dtype not in CACHE_DTYPES:
+            raise ConfigError(
+                f"layer {self.name!r}: cache dtype {self.cache_dtype!r} is not one of {', '.join(CACHE_DTYPES)}"
+            )
+        for attr in ("num_kv_heads", "head_size"):
+            value = getattr(self, attr)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"layer {self.name!r}: {attr} {value!r} must be a positive integer")
+        if self.kind in ("sliding_window", "sliding_window_mla") and not self.sliding_window:
+            raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs sliding_window > 0")
+        if self.kind == "chunked_local" and not self.attention_chunk_size:
+            raise ConfigError(f"layer {self.name!r}: kind 'chunked_local' needs attention_chunk_size > 0")
+        if self.kind == "mamba" and not self.mamba_shapes:
+            raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes")
+
+
+@dataclass(frozen=True)
+class CaseConfig:
+    """Everything the reference needs to derive one model's KV cache layout."""
+
+    name: str
+    layers: tuple[LayerConfig, ...]
+    block_size: int = 16
+    """``--block-size``: the scheduler's logical block size in tokens."""
+    model_dtype: str = "bfloat16"
+    num_blocks: int | None = 16
+    """``num_gpu_blocks_override``; None sizes the pool from ``kv_cache_memory_bytes``."""
+    kv_cache_memory_bytes: int | None = None
+    layout: str | None = None
+    """``VLLM_KV_CACHE_LAYOUT`` (a KVCacheLayout name, or NHD/HND)."""
+    connector: str | None = None
+    capability: tuple[int, int] = (9, 0)
+    """Compute capability the backends are asked about (SM90 = (9, 0))."""
+    attention_backend: str | None = None
+    """``--attention-backend``, when given explicitly (MRv2 drafts inherit it)."""
+    speculative_attention_backend: str | None = None
+    max_model_len: int = 4096
+    mamba_block_size: int | None = None
+    generation: int = 2
+    """1: vLLM before 0.30 (per-backend shapes); 2: 0.30 and later (KVCacheLayout)."""
+    vllm_version: str = "0.33.0"
+    note: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ConfigError(f"case {self.name!r} has no layers")
+        names = [layer.name for layer in self.layers]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ConfigError(f"case {self.name!r}: duplicate layer names {dup}")
+        if not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ConfigError(f"block size {self.block_size!r} must be a positive integer")
+        canonical_model_dtype(self.model_dtype)
+        if self.num_blocks is None and self.kv_cache_memory_bytes is None:
+            raise ConfigError("set num_blocks or kv_cache_memory_bytes (both are None)")
+        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks <= 0):
+            raise ConfigError(f"num_blocks {self.num_blocks!r} must be a positive integer")
+        if self.connector is not None and self.connector not in CONNECTORS:
+            raise ConfigError(f"connector {self.connector!r} is not one of {', '.join(CONNECTORS)}")
+        if self.generation not in (1, 2):
+            raise ConfigError(f"generation {self.generation!r} must be 1 (vLLM < 0.30) or 2 (vLLM >= 0.30)")
+
+    # --- JSON ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        defaults = LayerConfig(name="_")
+        data["layers"] = [
+            {k: v for k, v in asdict(layer).items() if k == "name" or v != getattr(defaults, k)}
+            for layer in self.layers
+        ]
+        data["capability"] = list(self.capability)
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CaseConfig":
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a case must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown case field(s) {unknown}; expected some of {sorted(known)}")
+        if "name" not in data or "layers" not in data:
+            raise ConfigError("a case needs 'name' and 'layers'")
+        layer_fields = {f.name for f in fields(LayerConfig)}
+        layers = []
+        for i, raw in enumerate(data["layers"]):
+            if not isinstance(raw, Mapping):
+                raise ConfigError(f"layers[{i}] must be a JSON object, got {raw!r}")
+            bad = sorted(set(raw) - layer_fields)
+            if bad:
+                raise ConfigError(f"layers[{i}]: unknown field(s) {bad}; expected some of {sorted(layer_fields)}")
+            raw = dict(raw)
+            if "mamba_shapes" in raw:
+                raw["mamba_shapes"] = tuple(tuple(s) for s in raw["mamba_shapes"])
+            if "mamba_dtypes" in raw:
+                raw["mamba_dtypes"] = tuple(raw["mamba_dtypes"])
+            try:
+                layers.append(LayerConfig(**raw))
+            except TypeError as exc:
+                raise ConfigError(f"layers[{i}]: {exc}") from None
+        rest = {k: v for k, v in data.items() if k != "layers"}
+        if "capability" in rest:
+            cap = rest["capability"]
+            if not (isinstance(cap, (list, tuple)) and len(cap) == 2 and all(isinstance(x, int) for x in cap)):
+                raise ConfigError(f"capability {cap!r} must be [major, minor]")
+            rest["capability"] = tuple(cap)
+        return cls(layers=tuple(layers), **rest)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CaseConfig":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"malformed case JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        return cls.from_dict(data)
+
+    def with_(self, **changes: Any) -> "CaseConfig":
+        return replace(self, **changes)
+
+
+def uniform_layers(
+    n: int,
+    *,
+    prefix: str = "model.layers",
+    start: int = 0,
+    **layer: Any,
+) -> tuple[LayerConfig, ...]:
+    """``n`` identical layers named like vLLM's (``model.layers.{i}.self_attn.attn``)."""
+    return tuple(LayerConfig(name=f"{prefix}.{i}.self_attn.attn", **layer) for i in range(start, start + n))

@@ -1,0 +1,296 @@
+"""The whole reference pipeline for one case and one runner (generation 2, vLLM >= 0.30).
+
+Case -> per-layer specs (``Attention.get_kv_cache_spec`` + ``customize_attention_spec``)
+-> layout (``resolve_kv_cache_layout``) -> groups and placement (``kv_cache_planning``)
+-> kernel block sizes (``prepare_kernel_block_sizes``) -> views (``allocate_kv_cache``)
+-> the metadata-builder pass (``map_kv_caches_to_kernel_blocks``) -> what
+``register_kv_caches`` receives, and where every (layer, logical block) lives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from reference import backends as bk
+from reference.config import CaseConfig, LayerConfig
+from reference.dtypes import quant_mode, storage_dtype
+from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.kernel_blocks import select_common_block_size
+from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
+from reference.planning import KVCachePlan, get_kv_cache_groups, plan
+from reference.specs import AttentionSpec, LayerSpec, MambaSpec, SpecKind, first_layer_spec, layer_spec_of
+from reference.views import BlockBytes, LayerBytes, TensorView, create_views, layer_bytes
+
+_KIND = {
+    "full": SpecKind.FULL,
+    "sliding_window": SpecKind.SLIDING_WINDOW,
+    "chunked_local": SpecKind.CHUNKED_LOCAL,
+    "sink_full": SpecKind.SINK_FULL,
+    "mla": SpecKind.MLA,
+    "sliding_window_mla": SpecKind.SLIDING_WINDOW_MLA,
+    "cross": SpecKind.CROSS,
+}
+# MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
+_MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+_CONNECTOR_LAYOUT = {"nixl": KVCacheLayout.LBHNC, "mooncake": KVCacheLayout.LBHNC, "offloading": KVCacheLayout.LBHNC}
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """Everything the reference predicts for one (case, runner)."""
+
+    case: CaseConfig
+    runner: str
+    layer_backends: dict[str, str]
+    specs: dict[str, LayerSpec]
+    """Per-layer specs as grouped: after ``customize_spec`` and page-size unification."""
+    layout: KVCacheLayout
+    plan: KVCachePlan
+    kernel_block_sizes: tuple[int, ...]
+    """Per KV cache group, as ``prepare_kernel_block_sizes`` returns them."""
+    cache_block_size: int
+    """``cache_config.block_size`` after planning: min over prefix-cacheable groups."""
+    connector_kernel_block_size: int | None
+    """What NIXL/Mooncake derive (``_sync_block_size_with_kernel``); None if it fails."""
+    registered: dict[str, TensorView]
+    _geometry: dict[str, LayerBytes] = field(repr=False, compare=False)
+
+    @property
+    def groups(self):
+        return self.plan.groups
+
+    @property
+    def num_blocks(self) -> int:
+        return self.plan.num_blocks
+
+    def block_ratio(self, group_id: int) -> int:
+        return self.plan.groups[group_id].spec.block_size // self.kernel_block_sizes[group_id]
+
+    def block_bytes(self, layer: str, block_id: int) -> BlockBytes:
+        """Where logical block ``block_id`` of ``layer`` lives in the shared pool."""
+        if not 0 <= block_id < self.plan.num_blocks:
+            raise ConfigError(f"block id {block_id} is outside [0, {self.plan.num_blocks})")
+        try:
+            geometry = self._geometry[layer]
+        except KeyError:
+            raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
+        return geometry.block(block_id)
+
+    @cached_property
+    def layer_names(self) -> tuple[str, ...]:
+        return tuple(self.registered)
+
+
+def layer_backend(case: CaseConfig, layer: LayerConfig, runner: str) -> str:
+    """Which backend a layer runs under in ``runner`` (drafts differ: MRv1 vs MRv2, D1)."""
+    if layer.kind == "mamba":
+        return layer.backend
+    if not layer.is_draft:
+        return case.attention_backend or layer.backend
+    if case.speculative_attention_backend:
+        return case.speculative_attention_backend
+    if runner == "mrv2" and case.attention_backend:
+        # MRv2's load_eagle_model keeps the target's --attention-backend for the draft;
+        # MRv1's _create_draft_vllm_config auto-selects instead.
+        return case.attention_backend
+    return layer.backend
+
+
+def _sliding_window_block_size(backend: bk.BackendInfo, probe: AttentionSpec, block_size: int, capability: tuple[int, int]) -> int:
+    """``_largest_kernel_block_within``: SW block size is decoupled from ``--block-size``."""
+    per_token = bk.customize_spec(backend, probe.with_block_size(1)).real_page_size_bytes
+    budget = per_token * block_size
+    max_bs = budget // per_token
+    candidates: list[int] = []
+    for s in backend.supported_kernel_block_sizes(probe, capability):
+        if isinstance(s, int):
+            candidates.append(s)
+        else:
+            candidates.append(max(s.base, max_bs // s.base * s.base))
+    if not candidates:
+        return block_size
+    fitting = [c for c in candidates if c * per_token <= budget]
+    return max(fitting) if fitting else min(candidates)
+
+
+def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> LayerSpec:
+    """The layer's spec before customization (``Attention/MLAAttention/MambaBase.get_kv_cache_spec``)."""
+    if layer.kind == "mamba":
+        return MambaSpec(
+            block_size=case.mamba_block_size or case.max_model_len,
+            shapes=layer.mamba_shapes,
+            dtypes=layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes),
+            is_draft=layer.is_draft,
+        )
+    kind = _KIND[layer.kind]
+    dtype = storage_dtype(layer.cache_dtype, case.model_dtype)
+    common = dict(
+        kind=kind,
+        block_size=case.block_size,
+        dtype=dtype,
+        cache_dtype=layer.cache_dtype,
+        sliding_window=layer.sliding_window,
+        attention_chunk_size=layer.attention_chunk_size,
+        sink_len=layer.sink_len,
+        is_draft=layer.is_draft,
+    )
+    if kind.is_mla:
+        spec = AttentionSpec(
+            num_kv_heads=1,
+            head_size=layer.head_size,
+            head_size_v=0,
+            state_content_bytes=_MLA_CONTENT_BYTES.get(layer.cache_dtype),
+            **common,
+        )
+    else:
+        head_v = layer.head_size_v if layer.head_size_v is not None else layer.head_size
+        spec = AttentionSpec(num_kv_heads=layer.num_kv_heads, head_size=layer.head_size, head_size_v=head_v, **common)
+    if kind is SpecKind.SLIDING_WINDOW:
+        sw_bs = _sliding_window_block_size(backend, spec, case.block_size, case.capability)
+        if sw_bs != case.block_size:
+            budget = bk.customize_spec(backend, spec.with_block_size(1)).real_page_size_bytes * case.block_size
+            spec = spec.with_block_size(sw_bs)
+            real = bk.customize_spec(backend, spec).real_page_size_bytes
+            if budget != real:
+                from dataclasses import replace
+
+                spec = replace(spec, page_size_padded=budget)
+    return spec
+
+
+def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpec], dict[str, str]]:
+    specs: dict[str, LayerSpec] = {}
+    backends: dict[str, str] = {}
+    for layer in case.layers:
+        name = layer_backend(case, layer, runner)
+        backend = bk.get_backend(name)
+        if layer.kind == "mamba":
+            if not backend.is_ssm:
+                raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {name}")
+            specs[layer.name] = raw_spec(case, layer, backend)
+        else:
+            spec = raw_spec(case, layer, backend)
+            bk.check_backend_accepts(backend, spec, layer.name)
+            specs[layer.name] = bk.customize_attention_spec(backend, spec, case.capability)
+        backends[layer.name] = name
+    return specs, backends
+
+
+def _resolve_layout(case: CaseConfig, specs: dict[str, LayerSpec], backends: dict[str, str]) -> KVCacheLayout:
+    declared = [(name, bk.get_backend(name).supported_layouts(case.capability)) for name in dict.fromkeys(backends.values())]
+    candidates = supported_layouts(declared)
+    hnc = {(s.num_heads, s.num_states, s.page_size_bytes) for s in specs.values()}
+    use_mla = any(s.kind.is_mla for s in specs.values() if not s.is_draft)
+    connector_layout = None
+    if case.connector in _CONNECTOR_LAYOUT and not (use_mla and case.connector in ("nixl", "mooncake")):
+        connector_layout = _CONNECTOR_LAYOUT[case.connector]
+    return resolve_layout(candidates, mixed_hnc=len(hnc) > 1, env_layout=case.layout, connector_layout=connector_layout)
+
+
+def _kernel_sizes_of(backend: str, spec: LayerSpec, case: CaseConfig):
+    return backend, bk.get_backend(backend).supported_kernel_block_sizes(
+        spec if isinstance(spec, AttentionSpec) else None, case.capability, gqa=not spec.kind.is_mla
+    )
+
+
+def prepare_kernel_block_sizes(case: CaseConfig, kv_plan: KVCachePlan, backends: dict[str, str]) -> tuple[int, ...]:
+    """``prepare_kernel_block_sizes``: per group, the size every backend of the group accepts."""
+    sizes = []
+    for gid, group in enumerate(kv_plan.groups):
+        spec = first_layer_spec(group.spec)
+        if isinstance(spec, MambaSpec):
+            sizes.append(spec.block_size)
+            continue
+        packed = any(
+            t.block_stride > t.layer_stride
+            for t in kv_plan.tensors
+            if set(t.layers) & set(group.layer_names)
+        )
+        if packed:
+            sizes.append(group.spec.block_size)
+            continue
+        attn_groups = dict.fromkeys(
+            (backends[n], layer_spec_of(group.spec, n)) for n in group.layer_names
+        )
+        sizes.append(
+            select_common_block_size(
+                group.spec.block_size, [_kernel_sizes_of(b, s, case) for b, s in attn_groups]
+            )
+        )
+    return tuple(sizes)
+
+
+def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: dict[str, str], kernel_sizes: tuple[int, ...], views: dict[str, TensorView]) -> None:
+    """``create_metadata_builders`` + ``map_kv_cache_to_kernel_blocks``: each backend's own pass."""
+    for gid, group in enumerate(d_plan.groups):
+        for name in group.layer_names:
+            spec = layer_spec_of(group.spec, name)
+            if isinstance(spec, MambaSpec):
+                continue
+            backend = backends[name]
+            kbs = select_common_block_size(kernel_sizes[gid], [_kernel_sizes_of(backend, spec, case)])
+            if kbs != spec.block_size and views[name].shape[2] != spec.num_kernel_states(kbs):
+                raise StartupError(
+                    f"{backend} needs {kbs}-token kernel blocks, which packed {spec.block_size}-token KV "
+                    f"cache blocks cannot be split into. Reduce --block-size to {kbs} or set "
+                    "VLLM_KV_CACHE_LAYOUT to a layer-compact layout (e.g. LBNHC).",
+                    where="vllm.v1.worker.utils.AttentionGroup.map_kv_cache_to_kernel_blocks",
+                )
+
+
+def _connector_kernel_block_size(case: CaseConfig, specs: dict[str, LayerSpec], backends: dict[str, str], cache_block_size: int) -> int | None:
+    attn = dict.fromkeys(
+        (backends[n], s) for n, s in specs.items() if isinstance(s, AttentionSpec)
+    )
+    if not attn:
+        return None
+    try:
+        return select_common_block_size(cache_block_size, [_kernel_sizes_of(b, s, case) for b, s in attn])
+    except StartupError:
+        return None
+
+
+def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
+    """Run the reference pipeline; raises ConfigError, StartupError or NotModeledError."""
+    if runner not in ("mrv1", "mrv2"):
+        raise ConfigError(f"runner {runner!r} is not one of mrv1, mrv2")
+    if case.generation != 2:
+        raise NotModeledError("generation-1 cases are derived by reference.legacy, not reference.derive")
+    specs, backends = _customized_specs(case, runner)
+    layout = _resolve_layout(case, specs, backends)
+    groups = get_kv_cache_groups(dict(specs), layout)
+    # Grouping may rescale block sizes; the per-layer specs that matter from here on are
+    # the grouped ones.
+    kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
+    kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends)
+    views: dict[str, TensorView] = {}
+    geometry: dict[str, LayerBytes] = {}
+    for tensor in kv_plan.tensors:
+        gid = kv_plan.group_of(tensor.layers[0])
+        spec = layer_spec_of(kv_plan.groups[gid].spec, tensor.layers[0])
+        kbs = kernel_sizes[gid]
+        packing = bk.get_backend(backends[tensor.layers[0]]).packing
+        for view, byte_strides in create_views(tensor, spec, gid, kv_plan.num_blocks, layout, kbs):
+            views[view.name] = view
+            geometry[view.name] = layer_bytes(view, byte_strides, spec, packing, spec.block_size // kbs)
+    _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views)
+    prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
+    cache_block_size = min(prefix_cacheable)
+    grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}
+    return Derivation(
+        case=case,
+        runner=runner,
+        layer_backends=backends,
+        specs=grouped_specs,
+        layout=layout,
+        plan=kv_plan,
+        kernel_block_sizes=kernel_sizes,
+        cache_block_size=cache_block_size,
+        connector_kernel_block_size=_connector_kernel_block_size(case, grouped_specs, backends, cache_block_size),
+        registered=views,
+        _geometry=geometry,
+    )
+
+
+__all__ = ["Derivation", "derive", "layer_backend", "quant_mode"]
