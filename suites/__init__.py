@@ -1,0 +1,1 @@
+"""Named and randomized conformance cases (see ``suites.named_cases``)."""

@@ -1,0 +1,189 @@
+"""Named cases: hand-picked configurations, each a known-interesting corner of the layout.
+
+Used by the reference goldens, the CLI (``kvconform explain <name>``) and the drivers.
+Names are stable: they appear in reports and replay commands.
+"""
+
+from __future__ import annotations
+
+from reference.config import CaseConfig, LayerConfig, uniform_layers
+from reference.errors import ConfigError
+
+_LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+
+
+def _qwen3_like(n: int = 2, **layer: object) -> tuple[LayerConfig, ...]:
+    geometry = dict(num_kv_heads=8, head_size=128)
+    geometry.update(layer)
+    return uniform_layers(n, **geometry)  # type: ignore[arg-type]
+
+
+def _mla_with_gqa_draft(draft_backend: str = "FLASH_ATTN") -> tuple[LayerConfig, ...]:
+    return uniform_layers(2, kind="mla", backend="FLASHMLA", head_size=576) + (
+        LayerConfig("draft.layers.2.attn", backend=draft_backend, num_kv_heads=8, head_size=128, is_draft=True),
+    )
+
+
+def _tiny(n: int, *, num_kv_heads: int = 2, **layer: object) -> tuple[LayerConfig, ...]:
+    return uniform_layers(n, num_kv_heads=num_kv_heads, head_size=8, backend="FLASH_ATTN", **layer)  # type: ignore[arg-type]
+
+
+def _build() -> dict[str, CaseConfig]:
+    cases: list[CaseConfig] = []
+    for layout in _LAYOUTS:
+        cases.append(
+            CaseConfig(
+                f"dense-fa-b128-{layout.lower()}",
+                _qwen3_like(),
+                block_size=128,
+                num_blocks=4,
+                layout=layout,
+                note="Two Qwen3-like layers, 8 KV heads x 128, bf16 (research: worked example A).",
+            )
+        )
+    cases += [
+        CaseConfig(
+            "flashinfer-b128-k64",
+            _qwen3_like(backend="FLASHINFER"),
+            block_size=128,
+            num_blocks=4,
+            layout="LBNHC",
+            note="FlashInfer supports 16/32/64, so 128-token blocks are viewed as 64-token kernel blocks (#42846).",
+        ),
+        CaseConfig(
+            "flashinfer-b128-k64-hnd",
+            _qwen3_like(backend="FLASHINFER"),
+            block_size=128,
+            num_blocks=4,
+            layout="LBHNC",
+        ),
+        CaseConfig(
+            "flashinfer-b128-k64-lhbnc",
+            _qwen3_like(backend="FLASHINFER"),
+            block_size=128,
+            num_blocks=4,
+            layout="LHBNC",
+            note="LHBNC's block stride is not a dense page: vLLM refuses to split.",
+        ),
+        CaseConfig(
+            "flashinfer-b128-blhnc-packed",
+            _qwen3_like(backend="FLASHINFER"),
+            block_size=128,
+            num_blocks=4,
+            layout="BLHNC",
+            note="Packed block-outermost group: no split in prepare_kernel_block_sizes, then FlashInfer's builder fails.",
+        ),
+        CaseConfig(
+            "flashinfer-b16",
+            _qwen3_like(backend="FLASHINFER"),
+            block_size=16,
+            num_blocks=8,
+        ),
+        CaseConfig(
+            "flashinfer-sm100-b128",
+            _qwen3_like(backend="FLASHINFER"),
+            block_size=128,
+            num_blocks=4,
+            capability=(10, 0),
+            note="On SM100 FlashInfer (TRT-LLM) accepts 128-token kernel blocks and declares LBHNC/BLHNC.",
+        ),
+        CaseConfig(
+            "tiny-uniform-lbnhc",
+            _tiny(2),
+            block_size=16,
+            num_blocks=None,
+            kv_cache_memory_bytes=20485,
+            layout="LBNHC",
+            note="Research: uniform placement, 2 layers H=2 D=8 bf16, 20485 bytes -> 10 blocks.",
+        ),
+        CaseConfig("tiny-uniform-blhnc", _tiny(2), block_size=16, num_blocks=10, layout="BLHNC"),
+        CaseConfig("tiny-uniform-lhbnc", _tiny(2), block_size=16, num_blocks=10, layout="LHBNC"),
+        CaseConfig(
+            "tiny-mixed-heads-lbnhc",
+            (
+                LayerConfig("l0", backend="FLASH_ATTN", num_kv_heads=2, head_size=8),
+                LayerConfig("l1", backend="FLASH_ATTN", num_kv_heads=4, head_size=8),
+            ),
+            block_size=16,
+            num_blocks=10,
+            layout="LBNHC",
+            note="Research: one UniformType group of mixed head counts.",
+        ),
+        CaseConfig(
+            "tiny-mixed-heads-blhnc",
+            (
+                LayerConfig("l0", backend="FLASH_ATTN", num_kv_heads=2, head_size=8),
+                LayerConfig("l1", backend="FLASH_ATTN", num_kv_heads=4, head_size=8),
+            ),
+            block_size=16,
+            num_blocks=10,
+            layout="BLHNC",
+        ),
+        CaseConfig(
+            "mla-gqa-draft-b64",
+            _mla_with_gqa_draft(),
+            block_size=64,
+            num_blocks=4,
+            layout="LBNHC",
+            note="Research: worked example B; MLA target and GQA Eagle draft share one UniformType group.",
+        ),
+        CaseConfig("mla-gqa-draft-b64-blhnc", _mla_with_gqa_draft(), block_size=64, num_blocks=4, layout="BLHNC"),
+        CaseConfig(
+            "mla-gqa-draft-b128-k64",
+            _mla_with_gqa_draft(),
+            block_size=128,
+            num_blocks=4,
+            layout="LBNHC",
+            note="FLASHMLA needs 64-token kernel blocks; the draft shares the split (the Mooncake shape[-3] bug class).",
+        ),
+        CaseConfig(
+            "mla-flashinfer-draft-mooncake",
+            _mla_with_gqa_draft("FLASHINFER"),
+            block_size=128,
+            num_blocks=4,
+            connector="mooncake",
+            note="Mixed MLA + Eagle registered through Mooncake.",
+        ),
+        CaseConfig(
+            "swa-hybrid-scaled",
+            _tiny(2) + _tiny(2, num_kv_heads=1, kind="sliding_window", sliding_window=64, prefix="model.swa"),
+            block_size=32,
+            num_blocks=8,
+            note="Research: FA page 2048 and SW page 1024 -> the SW block size doubles to 64.",
+        ),
+        CaseConfig(
+            "swa-hybrid-padded",
+            _tiny(2) + _tiny(2, num_kv_heads=3, kind="sliding_window", sliding_window=64, prefix="model.swa"),
+            block_size=32,
+            num_blocks=8,
+            note="Research: FA page 2048 and SW page 3072 -> the full-attention pages are padded to 3072.",
+        ),
+        CaseConfig(
+            "mamba-hybrid",
+            uniform_layers(2, num_kv_heads=2, head_size=64)
+            + (
+                LayerConfig("model.layers.2.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 64), (4, 32, 16))),
+                LayerConfig("model.layers.3.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 64), (4, 32, 16))),
+            ),
+            block_size=16,
+            num_blocks=16,
+            note="Attention page 8192, Mamba state 4352 bytes padded to 8192.",
+        ),
+        CaseConfig("fp8-fa-b16", _qwen3_like(cache_dtype="fp8"), block_size=16, num_blocks=8),
+        CaseConfig("b12x-two-slots", _qwen3_like(backend="B12X"), block_size=64, num_blocks=4, model_dtype="bfloat16"),
+        CaseConfig("cpu-attn-b32", _qwen3_like(backend="CPU_ATTN"), block_size=32, num_blocks=4),
+        CaseConfig("nixl-dense-fa", _qwen3_like(), block_size=16, num_blocks=8, connector="nixl"),
+    ]
+    return {c.name: c for c in cases}
+
+
+CASES: dict[str, CaseConfig] = _build()
+
+
+def get_case(name: str) -> CaseConfig:
+    try:
+        return CASES[name]
+    except KeyError:
+        close = [n for n in CASES if name.split("-")[0] in n][:5]
+        hint = f" (similar: {', '.join(close)})" if close else ""
+        raise ConfigError(f"unknown case {name!r}; run `kvconform list` for the {len(CASES)} named cases{hint}") from None
