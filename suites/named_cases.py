@@ -146,14 +146,14 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "swa-hybrid-scaled",
-            _tiny(2) + _tiny(2, num_kv_heads=1, kind="sliding_window", sliding_window=64, prefix="model.swa"),
+            _tiny(2) + _tiny(2, num_kv_heads=1, kind="sliding_window", sliding_window=64, start=2),
             block_size=32,
             num_blocks=8,
             note="Research: FA page 2048 and SW page 1024 -> the SW block size doubles to 64.",
         ),
         CaseConfig(
             "swa-hybrid-padded",
-            _tiny(2) + _tiny(2, num_kv_heads=3, kind="sliding_window", sliding_window=64, prefix="model.swa"),
+            _tiny(2) + _tiny(2, num_kv_heads=3, kind="sliding_window", sliding_window=64, start=2),
             block_size=32,
             num_blocks=8,
             note="Research: FA page 2048 and SW page 3072 -> the full-attention pages are padded to 3072.",
