@@ -1,0 +1,174 @@
+"""The ``kvconform`` command line.
+
+Exit codes follow pytest's: 0 conformant, 1 unexpected divergence, 2 interrupted,
+3 internal error, 4 usage error, 5 nothing ran. Bad input gets one line naming the
+value and what was expected, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+EXIT_OK, EXIT_DIVERGENCE, EXIT_INTERRUPTED, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOTHING_RAN = range(6)
+
+
+class UsageError(Exception):
+    """Bad input from the user: exit 4 with the message."""
+
+
+class NothingRan(Exception):
+    """Nothing could be checked (e.g. vLLM missing): exit 5 with the message."""
+
+
+def _load_case(spec: str):
+    """A named case, or a path to a case JSON file."""
+    from reference.config import CaseConfig
+    from reference.errors import ConfigError
+    from suites.named_cases import get_case
+
+    if spec.endswith(".json") or os.path.sep in spec or Path(spec).is_file():
+        path = Path(spec)
+        if not path.is_file():
+            raise UsageError(f"config file {spec!r} does not exist")
+        try:
+            return CaseConfig.from_json(path.read_text())
+        except ConfigError as exc:
+            raise UsageError(f"{spec}: {exc}") from None
+    try:
+        return get_case(spec)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from suites.named_cases import CASES
+
+    for name, case in CASES.items():
+        print(f"{name:34} {case.note}".rstrip())
+    return EXIT_OK
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from conformance.explain import explain
+    from reference.derive import derive
+    from reference.errors import ConfigError, NotModeledError, StartupError
+
+    case = _load_case(args.case)
+    try:
+        d = derive(case, args.runner)
+    except StartupError as exc:
+        print(f"case {case.name}: vLLM refuses this configuration ({exc.where}):\n  {exc.vllm_message}")
+        return EXIT_OK
+    except NotModeledError as exc:
+        raise NothingRan(f"case {case.name}: {exc}") from None
+    except ConfigError as exc:
+        raise UsageError(f"case {case.name}: {exc}") from None
+    print(explain(d, block_id=args.block))
+    return EXIT_OK
+
+
+def _select_cases(names: Sequence[str] | None):
+    from suites.named_cases import CASES
+
+    if not names:
+        return list(CASES.values())
+    return [_load_case(n) for n in names]
+
+
+def _write_json(payload: dict[str, Any], target: str | None) -> None:
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2, sort_keys=True)
+    if target == "-":
+        print(text)
+    else:
+        Path(target).write_text(text + "\n")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from conformance.summary import reference_outcome, runner_differences
+
+    cases = _select_cases(args.case)
+    if not args.reference_only:
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise NothingRan(
+                "vLLM is not installed, so there is nothing to check against; install it with "
+                "`pip install 'kvconform[vllm]'` or pass --reference-only for the reference's own report"
+            ) from None
+        from conformance.vllm_run import run_against_vllm
+
+        return run_against_vllm(cases, json_target=args.json, quiet=args.json == "-")
+    results = []
+    quiet = args.json == "-"
+    for case in cases:
+        mrv1, mrv2 = reference_outcome(case, "mrv1"), reference_outcome(case, "mrv2")
+        diffs = runner_differences(mrv1, mrv2)
+        results.append({"case": case.name, "config": case.to_dict(), "mrv1": mrv1, "mrv2": mrv2, "mrv1_mrv2_differences": diffs})
+        if not quiet:
+            status = mrv1["status"]
+            detail = mrv1.get("error", "")[:90] if status != "ok" else f"layout {mrv1['layout']}, kernel blocks {mrv1['kernel_block_sizes']}"
+            print(f"{case.name:34} {status:13} {detail}")
+            for diff in diffs:
+                print(f"{'':34} MRv1/MRv2 differ: {diff}")
+    _write_json({"schema": "kvconform.reference-report/1", "results": results}, args.json)
+    if not quiet:
+        print(f"\nreference report: {len(results)} cases (no implementation checked: --reference-only)")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvconform", description="KV-cache layout conformance for vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list the named cases")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("explain", help="the reference layout of a case, for a person")
+    p.add_argument("case", help="a named case (see `kvconform list`) or a case JSON file")
+    p.add_argument("--runner", choices=("mrv1", "mrv2"), default="mrv1")
+    p.add_argument("--block", type=int, default=1, help="logical block id to locate (default 1)")
+    p.set_defaults(func=_cmd_explain)
+
+    p = sub.add_parser("run", help="conformance report: the installed vLLM against the reference")
+    p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
+    p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    p.set_defaults(func=_cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed its one-line usage error
+        return EXIT_USAGE if exc.code not in (0, None) else EXIT_OK
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"kvconform: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except NothingRan as exc:
+        print(f"kvconform: nothing ran: {exc}", file=sys.stderr)
+        return EXIT_NOTHING_RAN
+    except KeyboardInterrupt:
+        print("kvconform: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, exit 3
+        print(f"kvconform: internal error: {type(exc).__name__}: {exc} (rerun with KVCONFORM_DEBUG=1 for a traceback)", file=sys.stderr)
+        if os.environ.get("KVCONFORM_DEBUG"):
+            raise
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

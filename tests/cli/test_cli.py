@@ -1,0 +1,92 @@
+"""The CLI's exit codes and one-line errors, run as a user would (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kvconform(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "conformance.cli", *args], cwd=ROOT, capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_list_names_every_case() -> None:
+    from suites.named_cases import CASES
+
+    out = kvconform("list")
+    assert out.returncode == 0
+    assert len(out.stdout.splitlines()) == len(CASES)
+
+
+def test_explain_shows_kernel_expansion_and_bytes() -> None:
+    out = kvconform("explain", "flashinfer-b128-k64")
+    assert out.returncode == 0, out.stderr
+    assert "kernel block size 64 (each logical block = 2 kernel blocks)" in out.stdout
+    assert "1 -> [2, 3]" in out.stdout
+    assert "(8, 8, 64, 256)" in out.stdout
+
+
+def test_explain_reports_vllm_refusal_without_traceback() -> None:
+    out = kvconform("explain", "flashinfer-b128-k64-lhbnc")
+    assert out.returncode == 0
+    assert "vLLM refuses" in out.stdout and "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"name": 1', "malformed case JSON"),
+        ('{"name": "x", "layers": [{"name": "a", "backend": "FOO"}]}', "unknown attention backend 'FOO'"),
+        ('{"name": "x", "layers": [], "block_size": 16}', "has no layers"),
+        ('{"name": "x", "layers": [{"name": "a"}], "block_size": -3}', "block size -3 must be a positive integer"),
+        ('{"name": "x", "layers": [{"name": "a"}], "colour": 1}', "unknown case field(s) ['colour']"),
+        ('[1, 2]', "a case must be a JSON object"),
+    ],
+)
+def test_bad_config_files_are_one_line_usage_errors(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "case.json"
+    path.write_text(content)
+    out = kvconform("explain", str(path))
+    assert out.returncode == 4
+    assert message in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in out.stderr
+
+
+def test_unknown_case_is_a_usage_error() -> None:
+    out = kvconform("explain", "no-such-case")
+    assert out.returncode == 4
+    assert "unknown case 'no-such-case'" in out.stderr
+
+
+def test_missing_file_is_a_usage_error() -> None:
+    out = kvconform("explain", "/nonexistent/case.json")
+    assert out.returncode == 4
+    assert "does not exist" in out.stderr
+
+
+def test_reference_report_json_to_stdout() -> None:
+    out = kvconform("run", "--reference-only", "--case", "flashinfer-b128-k64", "--json", "-")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    (result,) = report["results"]
+    assert result["mrv1"]["kernel_block_sizes"] == [64]
+    assert result["mrv1_mrv2_differences"] == []
+
+
+def test_case_file_round_trip(tmp_path: Path) -> None:
+    from suites.named_cases import CASES
+
+    path = tmp_path / "case.json"
+    path.write_text(CASES["mamba-hybrid"].to_json())
+    out = kvconform("explain", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "mamba" in out.stdout

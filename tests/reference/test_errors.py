@@ -1,0 +1,94 @@
+"""Invalid or refused configurations give one clear error naming the value and what was expected."""
+
+from __future__ import annotations
+
+import pytest
+
+from reference.config import CaseConfig, LayerConfig, uniform_layers
+from reference.derive import derive
+from reference.errors import ConfigError, StartupError
+from reference.kernel_blocks import select_common_block_size
+from reference.layout import layout_from_name
+from reference.specs import MultipleOf
+
+
+def _case(**layer: object) -> CaseConfig:
+    block_size = layer.pop("block_size", 16)
+    return CaseConfig("e", uniform_layers(2, **layer), block_size=block_size, num_blocks=4)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "message"),
+    [
+        (lambda: _case(backend="FOO"), ConfigError, r"unknown attention backend 'FOO'; expected one of B12X, "),
+        (lambda: _case(backend="FLASHINFER", head_size=96), ConfigError, r"head size 96 is not supported by FLASHINFER; supported: 64, 128, 256, 512"),
+        (lambda: _case(backend="FLEX_ATTENTION", cache_dtype="fp8"), ConfigError, r"cache dtype 'fp8' is not supported by FLEX_ATTENTION"),
+        (lambda: _case(kind="mla", backend="FLASH_ATTN", head_size=128), ConfigError, r"FLASH_ATTN is not an MLA backend"),
+        (lambda: _case(backend="MAMBA2_ATTN"), ConfigError, r"MAMBA2_ATTN is a state-space backend"),
+        (lambda: _case(backend="FLASHINFER", block_size=40), StartupError, r"No common block size for 40 \(FLASHINFER: 16, 32, 64\)\."),
+        (lambda: _case(kind="mla", backend="FLASHMLA", head_size=576, block_size=16), StartupError, r"No common block size for 16 \(FLASHMLA: 64\)"),
+        (lambda: _case(backend="ROCM_AITER_FA", block_size=24), ConfigError, r"block size 24 is not a multiple of 16, which ROCM_AITER_FA requires"),
+        (lambda: _case(cache_dtype="fp9"), ConfigError, r"cache dtype 'fp9' is not one of auto, "),
+        (lambda: _case(kind="windowed"), ConfigError, r"kind 'windowed' is not one of full, "),
+        (lambda: _case(kind="sliding_window"), ConfigError, r"kind 'sliding_window' needs sliding_window > 0"),
+        (lambda: _case(num_kv_heads=0), ConfigError, r"num_kv_heads 0 must be a positive integer"),
+    ],
+)
+def test_invalid_cases(case, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message) as info:
+        derive(case())
+    assert "\n" not in str(info.value)
+
+
+def test_cpu_and_flex_share_no_layout() -> None:
+    layers = (LayerConfig("a", backend="CPU_ATTN"), LayerConfig("b", backend="FLEX_ATTENTION"))
+    with pytest.raises(StartupError, match=r"No KV cache layout satisfies every supported set: CPU_ATTN: \['LBHNC'\]; FLEX_ATTENTION: \['LBNHC'\]"):
+        derive(CaseConfig("x", layers, num_blocks=2))
+
+
+def test_env_layout_must_be_a_candidate() -> None:
+    with pytest.raises(StartupError, match=r"VLLM_KV_CACHE_LAYOUT=LBHNC does not satisfy every supported set; valid layouts: \['LBNHC'\]"):
+        derive(CaseConfig("x", uniform_layers(1, backend="FLEX_ATTENTION"), num_blocks=2, layout="LBHNC"))
+
+
+def test_mixed_pages_need_a_block_compact_layout() -> None:
+    # research [run]: env=LHBNC with mixed HNC -> ValueError listing the block-compact layouts.
+    layers = (LayerConfig("a", num_kv_heads=2, head_size=8), LayerConfig("b", num_kv_heads=4, head_size=8))
+    with pytest.raises(StartupError, match=r"valid layouts: \['LBNHC', 'LBHNC', 'BLNHC', 'BLHNC'\]"):
+        derive(CaseConfig("x", layers, num_blocks=2, layout="LHBNC"))
+
+
+def test_mla_page_that_cannot_be_padded() -> None:
+    # MLA page 64*576*2 = 73728; an SW layer with 5 heads x 128 has page 5*64*512 = 163840,
+    # which 73728 does not divide, and MLA pages cannot be padded.
+    layers = (
+        LayerConfig("m", kind="mla", backend="FLASHMLA", head_size=576),
+        LayerConfig("s", kind="sliding_window", sliding_window=128, num_kv_heads=5, head_size=128),
+    )
+    with pytest.raises(StartupError, match=r"Layer m: page size is not divisible by the maximum page size"):
+        derive(CaseConfig("x", layers, block_size=64, num_blocks=2))
+
+
+def test_not_enough_memory_for_one_block() -> None:
+    with pytest.raises(StartupError, match=r"100 bytes is less than one block of 131072 bytes"):
+        derive(CaseConfig("x", uniform_layers(2), num_blocks=None, kv_cache_memory_bytes=100))
+
+
+@pytest.mark.parametrize(("name", "message"), [("XYZ", "KV cache layout 'XYZ' is not one of LBHNC, LBNHC"), ("nhd", "'nhd'")])
+def test_unknown_layout_names(name: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        layout_from_name(name)
+
+
+def test_select_common_block_size_matches_research_table() -> None:
+    # Research [run] (vllm-specs-backends.md 4.1): FLASHMLA [64], ROCM_AITER_FA [16, 32],
+    # TOKENSPEED_MLA [32, 64], CPU_MLA [16], FA [MultipleOf(16)].
+    fa, fmla, aiter, ts = [MultipleOf(16)], [64], [16, 32], [32, 64]
+    assert select_common_block_size(256, [("FLASHMLA", fmla)]) == 64
+    assert select_common_block_size(48, [("ROCM_AITER_FA", aiter)]) == 16
+    assert select_common_block_size(96, [("TOKENSPEED_MLA", ts)]) == 32
+    assert select_common_block_size(272, [("FLASH_ATTN", fa)]) == 272
+    assert select_common_block_size(256, [("FLASH_ATTN", fa), ("FLASHMLA", fmla)]) == 64
+    assert select_common_block_size(96, [("TOKENSPEED_MLA", ts), ("ROCM_AITER_FA", aiter)]) == 32
+    with pytest.raises(StartupError, match=r"No common block size for 16 \(TOKENSPEED_MLA: 32, 64\)\."):
+        select_common_block_size(16, [("TOKENSPEED_MLA", ts)])
