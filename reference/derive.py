@@ -9,7 +9,7 @@ Case -> per-layer specs (``Attention.get_kv_cache_spec`` + ``customize_attention
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from reference import backends as bk
@@ -54,7 +54,8 @@ class Derivation:
     connector_kernel_block_size: int | None
     """What NIXL/Mooncake derive (``_sync_block_size_with_kernel``); None if it fails."""
     registered: dict[str, TensorView]
-    _geometry: dict[str, LayerBytes] = field(repr=False, compare=False)
+    _geometry_inputs: dict[str, tuple] = field(repr=False, compare=False)
+    _geometry: dict[str, LayerBytes] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def groups(self):
@@ -71,10 +72,14 @@ class Derivation:
         """Where logical block ``block_id`` of ``layer`` lives in the shared pool."""
         if not 0 <= block_id < self.plan.num_blocks:
             raise ConfigError(f"block id {block_id} is outside [0, {self.plan.num_blocks})")
-        try:
-            geometry = self._geometry[layer]
-        except KeyError:
-            raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
+        geometry = self._geometry.get(layer)
+        if geometry is None:
+            # Built on first use: most derivations are compared, never queried byte by byte.
+            try:
+                inputs = self._geometry_inputs[layer]
+            except KeyError:
+                raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
+            geometry = self._geometry[layer] = layer_bytes(*inputs)
         return geometry.block(block_id)
 
     @cached_property
@@ -159,22 +164,34 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
     return spec
 
 
+def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> LayerSpec:
+    backend = bk.get_backend(backend_name)
+    if layer.kind == "mamba":
+        if not backend.is_ssm:
+            raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {backend_name}")
+        return raw_spec(case, layer, backend)
+    spec = raw_spec(case, layer, backend)
+    bk.check_backend_accepts(backend, spec, layer.name)
+    return bk.customize_attention_spec(backend, spec, case.capability)
+
+
 def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpec], dict[str, str]]:
     specs: dict[str, LayerSpec] = {}
     backends: dict[str, str] = {}
+    # Real models repeat a handful of layer geometries many times: derive each once.
+    memo: dict[tuple, LayerSpec] = {}
     for layer in case.layers:
         name = layer_backend(case, layer, runner)
-        backend = bk.get_backend(name)
-        if layer.kind == "mamba":
-            if not backend.is_ssm:
-                raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {name}")
-            specs[layer.name] = raw_spec(case, layer, backend)
-        else:
-            spec = raw_spec(case, layer, backend)
-            bk.check_backend_accepts(backend, spec, layer.name)
-            specs[layer.name] = bk.customize_attention_spec(backend, spec, case.capability)
+        key = (name,) + tuple(getattr(layer, f) for f in _GEOMETRY_FIELDS)
+        spec = memo.get(key)
+        if spec is None:
+            spec = memo[key] = _customized_spec(case, layer, name)
+        specs[layer.name] = spec
         backends[layer.name] = name
     return specs, backends
+
+
+_GEOMETRY_FIELDS = tuple(f.name for f in fields(LayerConfig) if f.name != "name")
 
 
 def _resolve_layout(case: CaseConfig, specs: dict[str, LayerSpec], backends: dict[str, str]) -> KVCacheLayout:
@@ -202,11 +219,8 @@ def prepare_kernel_block_sizes(case: CaseConfig, kv_plan: KVCachePlan, backends:
         if isinstance(spec, MambaSpec):
             sizes.append(spec.block_size)
             continue
-        packed = any(
-            t.block_stride > t.layer_stride
-            for t in kv_plan.tensors
-            if set(t.layers) & set(group.layer_names)
-        )
+        members = set(group.layer_names)
+        packed = any(t.block_stride > t.layer_stride for t in kv_plan.tensors if t.layers[0] in members)
         if packed:
             sizes.append(group.spec.block_size)
             continue
@@ -224,12 +238,16 @@ def prepare_kernel_block_sizes(case: CaseConfig, kv_plan: KVCachePlan, backends:
 def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: dict[str, str], kernel_sizes: tuple[int, ...], views: dict[str, TensorView]) -> None:
     """``create_metadata_builders`` + ``map_kv_cache_to_kernel_blocks``: each backend's own pass."""
     for gid, group in enumerate(d_plan.groups):
+        checked: dict[tuple, int] = {}
         for name in group.layer_names:
             spec = layer_spec_of(group.spec, name)
             if isinstance(spec, MambaSpec):
                 continue
             backend = backends[name]
-            kbs = select_common_block_size(kernel_sizes[gid], [_kernel_sizes_of(backend, spec, case)])
+            key = (backend, spec)
+            if key not in checked:
+                checked[key] = select_common_block_size(kernel_sizes[gid], [_kernel_sizes_of(backend, spec, case)])
+            kbs = checked[key]
             if kbs != spec.block_size and views[name].shape[2] != spec.num_kernel_states(kbs):
                 raise StartupError(
                     f"{backend} needs {kbs}-token kernel blocks, which packed {spec.block_size}-token KV "
@@ -265,7 +283,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
     kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends)
     views: dict[str, TensorView] = {}
-    geometry: dict[str, LayerBytes] = {}
+    geometry: dict[str, tuple] = {}
     for tensor in kv_plan.tensors:
         gid = kv_plan.group_of(tensor.layers[0])
         spec = layer_spec_of(kv_plan.groups[gid].spec, tensor.layers[0])
@@ -273,7 +291,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         packing = bk.get_backend(backends[tensor.layers[0]]).packing
         for view, byte_strides in create_views(tensor, spec, gid, kv_plan.num_blocks, layout, kbs):
             views[view.name] = view
-            geometry[view.name] = layer_bytes(view, byte_strides, spec, packing, spec.block_size // kbs)
+            geometry[view.name] = (view, byte_strides, spec, packing, spec.block_size // kbs)
     _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views)
     prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
     cache_block_size = min(prefix_cacheable)
@@ -289,7 +307,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         cache_block_size=cache_block_size,
         connector_kernel_block_size=_connector_kernel_block_size(case, grouped_specs, backends, cache_block_size),
         registered=views,
-        _geometry=geometry,
+        _geometry_inputs=geometry,
     )
 
 

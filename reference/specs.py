@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Union
 
 from reference.dtypes import dtype_size
@@ -96,6 +97,11 @@ class AttentionSpec:
                 f"page_size_padded {self.page_size_padded} is smaller than the page "
                 f"{self.real_page_size_bytes}"
             )
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        # Specs are dict keys throughout grouping; hashing 16 fields each time dominated.
+        return self.__dict__["_hash"]
 
     # --- the page-size formula (AttentionSpec in kv_cache_interface.py) -------------
     @property
@@ -150,6 +156,10 @@ class AttentionSpec:
 
     def get_block_stride_alignment(self) -> int:
         """Bytes the stride between physical blocks must be a multiple of."""
+        return self._block_stride_alignment_bytes
+
+    @cached_property
+    def _block_stride_alignment_bytes(self) -> int:
         align = self.block_stride_alignment
         if align is None:
             return 1
@@ -208,6 +218,10 @@ class MambaSpec:
             raise ConfigError(
                 f"mamba shapes {self.shapes} and dtypes {self.dtypes} differ in length"
             )
+        _cache_hash(self)
+
+    def __hash__(self) -> int:
+        return self.__dict__["_hash"]
 
     @property
     def element_size(self) -> int:
@@ -310,6 +324,12 @@ def layer_spec_of(group_spec: GroupSpec, layer: str) -> LayerSpec:
 
 def first_layer_spec(group_spec: GroupSpec) -> LayerSpec:
     return group_spec.first if isinstance(group_spec, UniformTypeSpecs) else group_spec
+
+
+def _cache_hash(spec: object) -> None:
+    """Store the hash of the compared fields (what dataclass would compute) once."""
+    key = tuple(getattr(spec, f.name) for f in fields(spec) if f.compare)  # type: ignore[arg-type]
+    object.__setattr__(spec, "_hash", hash((type(spec).__name__,) + key))
 
 
 def _cdiv(a: int, b: int) -> int:

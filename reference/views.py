@@ -8,7 +8,7 @@ viewed per layer as ``[B_k, H, N_k, C]`` in the spec's dtype with layout strides
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from reference.backends import Packing
 from reference.errors import NotModeledError, StartupError
@@ -50,18 +50,21 @@ class TensorView:
         return (last + 1) * es
 
 
-@dataclass(frozen=True, slots=True)
-class Region:
+class Region(NamedTuple):
     """A set of equal-length byte runs: ``start + sum(i_k * stride_k)`` for ``i_k < count_k``.
 
     Compact for strided K/V inside a page (one K run per (head, token) under LBNHC)
-    without materialising thousands of ranges.
+    without materialising thousands of ranges. A NamedTuple rather than a frozen
+    dataclass because byte-range queries create millions of them (5x cheaper).
     """
 
     start: int
     run: int
     dims: tuple[tuple[int, int], ...] = ()
     """``(stride, count)`` pairs, outermost first."""
+
+    def shifted(self, delta: int) -> "Region":
+        return Region(self.start + delta, self.run, self.dims)
 
     @property
     def count(self) -> int:
@@ -101,8 +104,7 @@ def make_region(start: int, run: int, dims: list[tuple[int, int]]) -> Region:
     return Region(start, run, tuple(dims))
 
 
-@dataclass(frozen=True, slots=True)
-class BlockBytes:
+class BlockBytes(NamedTuple):
     """Where one logical block of one layer lives: the whole page, its K and its V."""
 
     layer: str
@@ -171,49 +173,24 @@ def create_views(
 
 @dataclass(frozen=True, slots=True)
 class LayerBytes:
-    """Precomputed byte geometry of one layer, so block queries are O(1)."""
+    """Byte geometry of one layer: regions of logical block 0, shifted per block id."""
 
     name: str
-    base: int
-    block_stride: int
-    """Bytes between kernel blocks."""
-    ratio: int
-    """Kernel blocks per logical block."""
-    page_dims: tuple[tuple[int, int], ...]
-    """(stride, count) of H and N inside one kernel block."""
-    content_bytes: int
-    packing: Packing
-    k_bytes: int
-    v_bytes: int
-    head_stride: int
-    num_heads: int
-    token_stride: int
-    num_tokens: int
+    logical_block_stride: int
+    page: Region
+    k: Region
+    v: Region | None
 
     def block(self, block_id: int) -> BlockBytes:
-        start = self.base + block_id * self.ratio * self.block_stride
-        outer = [(self.block_stride, self.ratio)] if self.ratio > 1 else []
-        page = make_region(start, self.content_bytes, outer + list(self.page_dims))
-        packing = self.packing
-        if packing is Packing.KV_IN_C:
-            k = make_region(start, self.k_bytes, outer + list(self.page_dims))
-            v = make_region(start + self.k_bytes, self.v_bytes, outer + list(self.page_dims))
-        elif packing is Packing.TWO_HEAD_SLOTS or packing is Packing.CPU_KV_PLANES:
-            # Two head slots: slot 0 = K, slot 1 = V (or the first/second half of the heads
-            # for nvfp4). CPU_ATTN reads each head's N*C bytes as [2, N, D]: K rows then V rows.
-            if packing is Packing.CPU_KV_PLANES:
-                half = self.num_tokens * self.content_bytes // 2
-                heads = [(self.head_stride, self.num_heads)]
-                k = make_region(start, half, outer + heads)
-                v = make_region(start + half, half, outer + heads)
-            else:
-                half_heads = self.num_heads // 2
-                dims = outer + [(self.head_stride, half_heads), (self.token_stride, self.num_tokens)]
-                k = make_region(start, self.content_bytes, dims)
-                v = make_region(start + half_heads * self.head_stride, self.content_bytes, dims)
-        else:
-            k, v = page, None
-        return BlockBytes(self.name, block_id, page, k, v)
+        delta = block_id * self.logical_block_stride
+        v = self.v
+        return BlockBytes(
+            self.name,
+            block_id,
+            self.page.shifted(delta),
+            self.k.shifted(delta),
+            v.shifted(delta) if v is not None else None,
+        )
 
 
 def layer_bytes(view: TensorView, byte_strides: tuple[int, ...], spec: LayerSpec, packing: Packing, ratio: int) -> LayerBytes:
@@ -221,28 +198,33 @@ def layer_bytes(view: TensorView, byte_strides: tuple[int, ...], spec: LayerSpec
     sB, sH, sN, _ = byte_strides
     _, heads, tokens, _ = view.shape
     content = spec.state_content_size_bytes
-    k_bytes = v_bytes = 0
-    if isinstance(spec, AttentionSpec) and packing is Packing.KV_IN_C:
-        if spec.num_head_slots is not None:  # nvfp4: K heads then V heads
-            packing = Packing.TWO_HEAD_SLOTS
-        elif spec.state_content_bytes is not None:
-            k_bytes = v_bytes = spec.state_content_bytes // 2  # per-token-head: [data|scale] halves
+    start = view.byte_offset
+    outer = [(sB, ratio)] if ratio > 1 else []
+    page_dims = outer + [(sH, heads), (sN, tokens)]
+    page = make_region(start, content, page_dims)
+    k: Region
+    v: Region | None
+    if isinstance(spec, AttentionSpec) and packing is Packing.KV_IN_C and spec.num_head_slots is not None:
+        packing = Packing.TWO_HEAD_SLOTS  # nvfp4: K heads, then V heads
+    if not isinstance(spec, AttentionSpec) or packing in (Packing.MLA_LATENT, Packing.STATE):
+        k, v = page, None
+    elif packing is Packing.KV_IN_C:
+        if spec.state_content_bytes is not None:
+            k_bytes = v_bytes = content // 2  # per-token-head: [data | scale] halves
         else:
             k_bytes, v_bytes = spec.head_size * spec.element_size, spec.head_size_v * spec.element_size
-    if packing is Packing.CPU_KV_PLANES and sN != content:
-        raise NotModeledError(f"CPU_ATTN K/V planes need tokens contiguous per head; token stride {sN} != {content}")
-    return LayerBytes(
-        name=view.name,
-        base=view.byte_offset,
-        block_stride=sB,
-        ratio=ratio,
-        page_dims=((sH, heads), (sN, tokens)),
-        content_bytes=content,
-        packing=packing,
-        k_bytes=k_bytes,
-        v_bytes=v_bytes,
-        head_stride=sH,
-        num_heads=heads,
-        token_stride=sN,
-        num_tokens=tokens,
-    )
+        k = make_region(start, k_bytes, page_dims)
+        v = make_region(start + k_bytes, v_bytes, page_dims)
+    elif packing is Packing.CPU_KV_PLANES:
+        # CPU_ATTN reads each head's N*C bytes as [2, N, D]: all K rows, then all V rows.
+        if sN != content:
+            raise NotModeledError(f"CPU_ATTN K/V planes need tokens contiguous per head; token stride {sN} != {content}")
+        half = tokens * content // 2
+        k = make_region(start, half, outer + [(sH, heads)])
+        v = make_region(start + half, half, outer + [(sH, heads)])
+    else:  # two head slots: slot group 0 holds K, slot group 1 holds V
+        half_heads = heads // 2
+        dims = outer + [(sH, half_heads), (sN, tokens)]
+        k = make_region(start, content, dims)
+        v = make_region(start + half_heads * sH, content, dims)
+    return LayerBytes(view.name, sB * ratio, page, k, v)
