@@ -86,6 +86,16 @@ class Derivation:
     def layer_names(self) -> tuple[str, ...]:
         return tuple(self.registered)
 
+    def shared_bytes(self) -> list[tuple[str, ...]]:
+        """Layers (of different groups) whose views start at the same pool byte.
+
+        vLLM shares them by design: a block id belongs to one group at a time.
+        """
+        by_offset: dict[int, list[str]] = {}
+        for name, view in self.registered.items():
+            by_offset.setdefault(view.byte_offset, []).append(name)
+        return [tuple(names) for _, names in sorted(by_offset.items()) if len(names) > 1]
+
 
 def layer_backend(case: CaseConfig, layer: LayerConfig, runner: str) -> str:
     """Which backend a layer runs under in ``runner`` (drafts differ: MRv1 vs MRv2, D1)."""

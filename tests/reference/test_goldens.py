@@ -264,3 +264,47 @@ def test_mla_page_sizes(cache_dtype: str, page: int) -> None:
     spec = raw_spec(case, case.layers[0], get_backend("FLASHMLA"))
     assert spec.kind is SpecKind.MLA
     assert spec.page_size_bytes == page
+
+
+@pytest.mark.parametrize(
+    ("backend", "cache_dtype", "model_dtype", "heads", "content", "dtype"),
+    # Full attention, 4 KV heads x 128, block 16: page = H * 16 * C. Hand-computed from
+    # AttentionSpec.page_size_bytes and each backend's customize_spec (vllm-specs-backends.md 1.3).
+    [
+        ("FLASH_ATTN", "auto", "bfloat16", 4, 256 * 2, "bfloat16"),
+        ("FLASH_ATTN", "auto", "float16", 4, 256 * 2, "float16"),
+        ("FLASH_ATTN", "bfloat16", "float16", 4, 256 * 2, "bfloat16"),
+        ("FLEX_ATTENTION", "auto", "float32", 4, 256 * 4, "float32"),
+        ("FLASH_ATTN", "fp8", "bfloat16", 4, 256, "uint8"),
+        ("FLASH_ATTN", "fp8_e4m3", "bfloat16", 4, 256, "uint8"),
+        ("FLASHINFER", "fp8_e5m2", "bfloat16", 4, 256, "uint8"),
+        # nvfp4: 2*Hkv slots, C = 128//2 + 128//16 = 72 bytes (fp4 data + fp8 scales).
+        ("FLASHINFER", "nvfp4", "bfloat16", 8, 72, "uint8"),
+        # per-token-head: (hk + hv) * 1 + two fp32 scales = 264; int4 halves the data: 136.
+        ("TRITON_ATTN", "int8_per_token_head", "bfloat16", 4, 264, "int8"),
+        ("TRITON_ATTN", "fp8_per_token_head", "bfloat16", 4, 264, "uint8"),
+        ("TRITON_ATTN", "int4_per_token_head", "bfloat16", 4, 136, "uint8"),
+    ],
+)
+def test_page_size_for_every_cache_dtype(backend: str, cache_dtype: str, model_dtype: str, heads: int, content: int, dtype: str) -> None:
+    from reference.config import CaseConfig, uniform_layers
+
+    case = CaseConfig("dt", uniform_layers(1, backend=backend, num_kv_heads=4, head_size=128, cache_dtype=cache_dtype), block_size=16, num_blocks=2, model_dtype=model_dtype)
+    d = derive(case)
+    spec = d.specs[L0]
+    assert (spec.num_heads, spec.state_content_size_bytes, spec.dtype) == (heads, content, dtype)
+    assert spec.page_size_bytes == heads * 16 * content
+    view = d.registered[L0]
+    assert view.dtype == dtype and view.shape[1] == heads
+
+
+def test_hybrid_groups_share_bytes_by_layer_index() -> None:
+    # Groups alias the pool from byte 0: layer i of every group starts at the same byte
+    # (the HMA sharing of vLLM >= 0.30, vllm-specs-backends.md 2.8).
+    d = derive(CASES["swa-hybrid-scaled"])
+    sharing = d.shared_bytes()
+    assert sharing == [
+        ("model.layers.0.self_attn.attn", "model.layers.2.self_attn.attn"),
+        ("model.layers.1.self_attn.attn", "model.layers.3.self_attn.attn"),
+    ]
+    assert derive(CASES["flashinfer-b16"]).shared_bytes() == []
