@@ -87,7 +87,7 @@ class CaseConfig:
     max_model_len: int = 4096
     mamba_block_size: int | None = None
     generation: int = 2
-    """1: vLLM before 0.30 (per-backend shapes); 2: 0.30 and later (KVCacheLayout)."""
+    """1: vLLM 0.21 to 0.28 (per-backend shapes, see reference.legacy); 2: 0.30 and later (KVCacheLayout)."""
     vllm_version: str = "0.33.0"
     note: str = field(default="", compare=False)
 

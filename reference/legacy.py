@@ -1,0 +1,712 @@
+"""Generation 1 of vLLM's KV-cache layout (vLLM 0.21 to 0.28): per-backend shapes.
+
+Before the ``KVCacheLayout`` refactor every attention backend declared its own
+``get_kv_cache_shape`` and ``get_kv_cache_stride_order``; the planner handed the
+workers ``KVCacheTensor(size, shared_by)`` entries; each became one raw ``int8``
+allocation; and each runner reshaped it per layer as
+
+    raw.view(dtype).view(permuted_shape).permute(inverse_order)
+
+This module mirrors, for vLLM 0.21.0 to 0.28.x:
+
+- ``vllm/v1/attention/backends/{flash_attn,flashinfer,triton_attn,flex_attention}.py``
+  and ``mla/*.py``: ``get_kv_cache_shape`` / ``get_kv_cache_stride_order``;
+- ``vllm/v1/core/kv_cache_utils.py`` ``get_kv_cache_config_from_groups``: the
+  ``KVCacheTensor(size, shared_by)`` placement (tensor *i* is shared by layer *i* of
+  every group; a single ``UniformTypeKVCacheSpecs`` group gets one tensor per layer);
+- ``vllm/v1/worker/gpu_model_runner.py`` ``_allocate_kv_cache_tensors`` and
+  ``_reshape_kv_cache_tensors`` (MRv1: kernel-block reshape from
+  ``vllm/v1/worker/utils.py`` ``prepare_kernel_block_sizes``);
+- ``vllm/v1/worker/gpu/attn_utils.py`` ``init_kv_cache`` / ``_reshape_kv_cache``
+  (MRv2): in 0.21 it reshaped with the *logical* block size and ignored kernel block
+  sizes (vLLM issue #42846, fixed by #42766); from 0.22 it takes
+  ``kernel_block_sizes`` like MRv1.
+
+The backend table (``reference.backends``) stays the single source of truth for the
+legacy shape family and stride orders. Where research showed a table entry does not
+hold for every generation-1 release, the corrected fact lives in
+``LEGACY_LAYOUT_OVERRIDES`` below, with its source.
+
+Sources read: the stored upstream ``flash_attn.py`` is older than 0.21 but has the
+gen-1 ``(2, N, B, H, D)`` shape and the NHD/HND orders; the stored ``triton_attn.py``
+is older still (no stride order: issue #37703); the stored ``flex_attention.py`` is
+from the packed era; the stored ``gpu/attn_utils.py`` is newer than gen 1. The 0.21
+MRv2 ``_reshape_kv_cache`` (no ``kernel_block_sizes``; ``get_kv_cache_shape(num_blocks,
+storage_block_size, ...)``; identity order on ``NotImplementedError``; ``.view(dtype)
+.view(permuted).permute(inv_order)``) and its 0.22+ successor taking
+``kernel_block_sizes`` were read from public copies of those versions. The rest follows
+``shared/research`` (feasibility-cpu.md section 9, vllm-specs-backends.md section 3.4,
+connectors.md sections 1.4 and 4).
+
+Byte addresses: gen 1 made one allocation per ``KVCacheTensor``, so every registered
+view has ``storage_offset == 0`` in its own storage. To compare bytes across layers,
+``BlockBytes`` regions use a virtual address space in which raw tensor *i* starts at
+``LegacyDerivation.tensor_bases[i]`` (the sum of the sizes before it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from reference import backends as bk
+from reference.config import CaseConfig, LayerConfig
+from reference.derive import layer_backend, raw_spec
+from reference.dtypes import dtype_size
+from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.kernel_blocks import select_common_block_size
+from reference.layout import KVCacheLayout
+from reference.planning import KVCacheGroup, get_kv_cache_groups
+from reference.specs import AttentionSpec, LayerSpec, UniformTypeSpecs, layer_spec_of
+from reference.views import BlockBytes, Region, TensorView, make_region
+
+Version = tuple[int, int, int]
+
+GEN1_FIRST: Version = (0, 21, 0)
+"""Oldest release this module models (the #42846 release)."""
+GEN1_END: Version = (0, 29, 0)
+"""First release that no longer asks backends for shapes. The feasibility notes put the
+refactor at 0.30 but did not check 0.29; a downstream port note (an out-of-tree
+backend's "0.29.0 (from 0.28.0)" entry) says 0.29 already derives every layer's
+layout from its spec, so 0.29.x is refused here rather than guessed."""
+GEN2_FIRST: Version = (0, 30, 0)
+MRV2_KERNEL_BLOCKS_SINCE: Version = (0, 22, 0)
+"""``gpu/attn_utils.init_kv_cache(..., kernel_block_sizes, vllm_config)`` appears in
+0.22 (feasibility-cpu.md section 9); 0.21's ``_reshape_kv_cache`` has no such argument."""
+
+LAYOUTS = ("NHD", "HND")
+MODELED_KINDS = ("full", "mla", "chunked_local")
+"""Sliding window is left out on purpose: gen 2 decouples its block size
+(``_largest_kernel_block_within``) and when that arrived was not established."""
+MODELED_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+# Shape families of get_kv_cache_shape, as axis letters outermost first:
+# K = the K/V axis of size 2, B = blocks, N = tokens per block, H = kv heads,
+# D = head size, C = packed content (K then V, 2*D).
+SHAPE_AXES: dict[str, str] = {
+    "2BNHD": "KBNHD",  # FA (<= 0.22) and Flex: (2, num_blocks, block_size, H, D)
+    "B2NHD": "BKNHD",  # FlashInfer, Triton; FA from 0.23: (num_blocks, 2, block_size, H, D)
+    "BND": "BND",  # MLA: (num_blocks, block_size, head_size)
+    "BHNC": "BHNC",  # packed, after vLLM #44455: (num_blocks, H, block_size, 2*D)
+}
+
+
+@dataclass(frozen=True)
+class LegacyEra:
+    """A table override that applies from ``since`` on (until the next era)."""
+
+    since: Version
+    layout: bk.LegacyLayout | None
+    """None: this range is known to differ but is not established; refuse to guess."""
+    source: str
+
+
+_ID5, _HND5 = (0, 1, 2, 3, 4), (0, 1, 3, 2, 4)
+_B2NHD = bk.LegacyLayout("B2NHD", _ID5, _HND5)
+# Packed (B, H, N, 2D): NHD keeps tokens outside heads physically, HND is the identity.
+_PACKED = bk.LegacyLayout("BHNC", (0, 2, 1, 3), (0, 1, 2, 3))
+_PACKING_UNKNOWN = LegacyEra(
+    (0, 26, 0),
+    None,
+    "vLLM #44455 packed K|V into the content dim between 0.25.1 (still split: kvcached#394, "
+    "tair-kvcache#257) and 0.28 (packed: kvcached#493); 0.26 and 0.27 were not checked",
+)
+_PACKED_028 = LegacyEra(
+    (0, 28, 0),
+    _PACKED,
+    "kvcached#493 and a 0.28 connector's notes: logical (num_blocks, H, block_size, 2*D) with "
+    "NHD strides; vLLM #44455 description: K/V recovered by transpose(1, 2).split(D)",
+)
+
+LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
+    # The table's FA entry ("2BNHD") holds only up to 0.22.x.
+    "FLASH_ATTN": (
+        LegacyEra(
+            (0, 23, 0),
+            _B2NHD,
+            "vLLM #42095 (blocks-first layouts); FlexKV#187 ('vLLM 0.23 changed ... from (kv, "
+            "num_block, ...) to (num_block, kv, ...)'); tair-kvcache#257 (<= 0.22.1 is (2, B, N, H, D)); "
+            "vLLM #47314 (FA HND keeps logical (B, 2, N, H, D))",
+        ),
+        _PACKING_UNKNOWN,
+        _PACKED_028,
+    ),
+    "FLASHINFER": (_PACKING_UNKNOWN, _PACKED_028),
+    # Triton honours HND in the table; that holds from the #37940 fix of issue #37703
+    # (reported on 0.17.2, before 0.21), whose regression test asserts every 5-D
+    # backend puts heads before tokens under HND.
+    "TRITON_ATTN": (_PACKING_UNKNOWN, _PACKED_028),
+    # The table gives Flex FA's HND order. Flex had no get_kv_cache_stride_order (older
+    # flex_attention.py), so the runner's `except (AttributeError, NotImplementedError)`
+    # fallback used the identity for HND too. Whether #42095 also moved Flex to
+    # blocks-first in 0.23 was not established. The stored packed-era flex_attention.py
+    # pins (0, 2, 1, 3) whatever the layout.
+    "FLEX_ATTENTION": (
+        LegacyEra(GEN1_FIRST, bk.LegacyLayout("2BNHD", _ID5, _ID5), "flex_attention.py had no stride order"),
+        LegacyEra((0, 23, 0), None, "whether #42095 moved Flex to blocks-first in 0.23 is unverified"),
+        LegacyEra(
+            (0, 28, 0),
+            bk.LegacyLayout("BHNC", (0, 2, 1, 3), (0, 2, 1, 3)),
+            "stored flex_attention.py of the packed era: stride order (0, 2, 1, 3), layout ignored",
+        ),
+    ),
+}
+
+# FA and Triton's get_kv_cache_shape raise ValueError("Block size must be a multiple of 16.").
+_BLOCK_MULTIPLE_OF_16 = ("FLASH_ATTN", "TRITON_ATTN")
+
+
+# --- versions -------------------------------------------------------------------------
+
+
+def parse_version(text: str) -> Version:
+    """``"0.22.1rc1.dev116+g71df063c4"`` -> ``(0, 22, 1)``; the release part only."""
+    if not isinstance(text, str):
+        raise ConfigError(f"vLLM version {text!r} is not a string like '0.21.0'")
+    body = text[1:] if text.startswith("v") else text
+    parts: list[int] = []
+    for piece in body.split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break  # "1rc1": the release number ends here
+    if len(parts) < 2:
+        raise ConfigError(f"vLLM version {text!r} is not of the form MAJOR.MINOR[.PATCH]")
+    while len(parts) < 3:
+        parts.append(0)
+    return (parts[0], parts[1], parts[2])
+
+
+def _fmt(v: Version) -> str:
+    return ".".join(map(str, v))
+
+
+def check_gen1_version(text: str) -> Version:
+    """The parsed version, or an error saying why generation 1 does not model it."""
+    v = parse_version(text)
+    if v >= GEN2_FIRST:
+        raise ConfigError(
+            f"vLLM {text} is generation 2 (>= {_fmt(GEN2_FIRST)}); generation 1 covers "
+            f"{_fmt(GEN1_FIRST)} to 0.28.x"
+        )
+    if v >= GEN1_END:
+        raise NotModeledError(
+            f"vLLM {text}: 0.29 already derives layouts from specs (unverified here); generation 1 "
+            f"is modeled for {_fmt(GEN1_FIRST)} to 0.28.x"
+        )
+    if v < GEN1_FIRST:
+        raise NotModeledError(f"vLLM {text} is older than {_fmt(GEN1_FIRST)}, the oldest release modeled")
+    return v
+
+
+# --- 1. per-backend shape and stride order ----------------------------------------------
+
+
+def legacy_layout(backend_name: str, vllm_version: str = "0.21.0") -> bk.LegacyLayout:
+    """The backend's gen-1 shape family and stride orders at ``vllm_version``.
+
+    The table entry, unless ``LEGACY_LAYOUT_OVERRIDES`` says it changed by then.
+    """
+    backend = bk.get_backend(backend_name)
+    if backend.legacy is None:
+        with_legacy = sorted(n for n, b in bk.BACKENDS.items() if b.legacy is not None)
+        raise ConfigError(
+            f"backend {backend_name!r} has no generation-1 get_kv_cache_shape in the table; "
+            f"expected one of {', '.join(with_legacy)}"
+        )
+    version = check_gen1_version(vllm_version)
+    # The latest era that has started wins; eras are listed oldest first.
+    started = [era for era in LEGACY_LAYOUT_OVERRIDES.get(backend_name, ()) if version >= era.since]
+    if not started:
+        return backend.legacy
+    era = max(started, key=lambda e: e.since)
+    if era.layout is None:
+        raise NotModeledError(f"{backend_name} at vLLM {vllm_version}: {era.source}")
+    return era.layout
+
+
+def legacy_kv_cache_shape(
+    backend_name: str,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    *,
+    vllm_version: str = "0.21.0",
+) -> tuple[int, ...]:
+    """``AttentionBackend.get_kv_cache_shape`` of vLLM 0.21 to 0.28 (logical shape)."""
+    for label, value in (("num_blocks", num_blocks), ("block_size", block_size),
+                         ("num_kv_heads", num_kv_heads), ("head_size", head_size)):
+        if not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{label} {value!r} must be a positive integer")
+    legacy = legacy_layout(backend_name, vllm_version)
+    if backend_name in _BLOCK_MULTIPLE_OF_16 and block_size % 16:
+        raise StartupError(
+            "Block size must be a multiple of 16.",
+            where=f"vllm.v1.attention.backends.{backend_name.lower()}.get_kv_cache_shape",
+        )
+    if legacy.shape == "BND":
+        if num_kv_heads != 1:
+            raise ConfigError(f"MLA backend {backend_name} needs num_kv_heads 1, got {num_kv_heads}")
+        return (num_blocks, block_size, head_size)
+    if legacy.shape == "2BNHD":
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+    if legacy.shape == "B2NHD":
+        return (num_blocks, 2, block_size, num_kv_heads, head_size)
+    if legacy.shape == "BHNC":
+        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
+    raise ConfigError(f"legacy shape {legacy.shape!r} is not one of {', '.join(SHAPE_AXES)}")
+
+
+def legacy_stride_order(backend_name: str, layout: str, *, vllm_version: str = "0.21.0") -> tuple[int, ...]:
+    """``get_kv_cache_stride_order()`` under ``get_kv_cache_layout() == layout``.
+
+    The permutation from the logical shape to the physical (allocation) order.
+    """
+    if layout not in LAYOUTS:
+        raise ConfigError(f"KV cache layout {layout!r} is not valid in generation 1; expected NHD or HND")
+    legacy = legacy_layout(backend_name, vllm_version)
+    return legacy.stride_order_nhd if layout == "NHD" else legacy.stride_order_hnd
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a contiguous tensor of ``shape``."""
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    return tuple(strides)
+
+
+def permuted_view_strides(logical_shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
+    """Strides of ``x.view(permuted_shape).permute(inverse_order)`` for a contiguous ``x``.
+
+    ``permuted_shape[j] = logical_shape[order[j]]``; after the inverse permute, logical dim
+    ``i`` is physical dim ``order.index(i)``.
+    """
+    if sorted(order) != list(range(len(logical_shape))):
+        raise ConfigError(f"stride order {tuple(order)} is not a permutation of {len(logical_shape)} dims")
+    physical = [logical_shape[i] for i in order]
+    phys_strides = contiguous_strides(physical)
+    return tuple(phys_strides[list(order).index(i)] for i in range(len(logical_shape)))
+
+
+# --- 2. placement: KVCacheTensor(size, shared_by) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class LegacyKVCacheTensor:
+    """Gen-1 ``KVCacheTensor(size, shared_by)``: one raw ``int8`` allocation of ``size`` bytes."""
+
+    size: int
+    shared_by: tuple[str, ...]
+
+
+def place_legacy_tensors(groups: Sequence[KVCacheGroup], num_blocks: int) -> tuple[LegacyKVCacheTensor, ...]:
+    """``get_kv_cache_config_from_groups`` (gen 1): who shares which raw tensor.
+
+    One ``UniformTypeKVCacheSpecs`` group: one tensor per layer, sized by that layer's
+    page. Otherwise (HMA): ``group_size`` tensors; tensor *i* is shared by layer *i* of
+    every group (a block id belongs to one group at a time), sized by the one uniform
+    page size.
+    """
+    if len(groups) == 1 and isinstance(groups[0].spec, UniformTypeSpecs):
+        spec = groups[0].spec
+        return tuple(
+            LegacyKVCacheTensor(spec.spec_of(n).page_size_bytes * num_blocks, (n,)) for n in groups[0].layer_names
+        )
+    pages = {layer_spec_of(g.spec, n).page_size_bytes for g in groups for n in g.layer_names}
+    if len(pages) != 1:
+        # get_uniform_page_size asserts this; unify_kv_cache_spec_page_size ran first.
+        raise NotModeledError(f"generation-1 HMA placement needs one page size, got {sorted(pages)}")
+    page = pages.pop()
+    group_size = max(len(g.layer_names) for g in groups)
+    return tuple(
+        LegacyKVCacheTensor(
+            page * num_blocks,
+            tuple(g.layer_names[i] for g in groups if i < len(g.layer_names)),
+        )
+        for i in range(group_size)
+    )
+
+
+def _num_blocks(case: CaseConfig, groups: Sequence[KVCacheGroup]) -> int:
+    """``num_gpu_blocks_override``, else ``get_num_blocks`` / the uniform-type division."""
+    if case.num_blocks is not None:
+        return case.num_blocks
+    assert case.kv_cache_memory_bytes is not None
+    if len(groups) == 1 and isinstance(groups[0].spec, UniformTypeSpecs):
+        per_block = groups[0].spec.page_size_bytes
+    else:
+        page = layer_spec_of(groups[0].spec, groups[0].layer_names[0]).page_size_bytes
+        per_block = page * max(len(g.layer_names) for g in groups)
+    n = case.kv_cache_memory_bytes // per_block
+    if n <= 0:
+        raise StartupError(
+            f"No available memory for the cache blocks: {case.kv_cache_memory_bytes} bytes is less than "
+            f"one block of {per_block} bytes",
+            where="vllm.v1.core.kv_cache_utils.check_enough_kv_cache_memory",
+        )
+    return n
+
+
+# --- 3. the derivation ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _LayerGeometry:
+    """Byte strides of one registered view, keyed by axis letter (see ``SHAPE_AXES``)."""
+
+    name: str
+    shape_kind: str
+    base: int
+    ratio: int
+    element_size: int
+    byte_strides: dict[str, int]
+    sizes: dict[str, int]
+    head_size: int
+
+    def block(self, block_id: int) -> BlockBytes:
+        s, n, es = self.byte_strides, self.sizes, self.element_size
+        start = self.base + block_id * self.ratio * s["B"]
+        outer = [(s["B"], self.ratio), (s["N"], n["N"])] + ([(s["H"], n["H"])] if "H" in s else [])
+        if self.shape_kind == "BND":
+            page = make_region(start, es, outer + [(s["D"], n["D"])])
+            return BlockBytes(self.name, block_id, page, page, None)
+        if self.shape_kind == "BHNC":
+            d = self.head_size
+            k = make_region(start, es, outer + [(s["C"], d)])
+            v = make_region(start + d * s["C"], es, outer + [(s["C"], d)])
+            page = make_region(start, es, outer + [(s["C"], 2 * d)])
+            return BlockBytes(self.name, block_id, page, k, v)
+        inner = outer + [(s["D"], n["D"])]
+        k = make_region(start, es, inner)
+        v = make_region(start + s["K"], es, inner)
+        page = make_region(start, es, [(s["K"], 2)] + inner)
+        return BlockBytes(self.name, block_id, page, k, v)
+
+
+@dataclass(frozen=True)
+class LegacyDerivation:
+    """What a gen-1 runner registers for one case, and where every logical block lives."""
+
+    case: CaseConfig
+    runner: str
+    version: Version
+    layout: str
+    """``get_kv_cache_layout()``: "NHD" or "HND"."""
+    layer_backends: dict[str, str]
+    groups: tuple[KVCacheGroup, ...]
+    num_blocks: int
+    kv_cache_tensors: tuple[LegacyKVCacheTensor, ...]
+    kernel_block_sizes: tuple[int, ...]
+    """Per group: the block size the views were reshaped with (MRv2 < 0.22: the logical one)."""
+    selected_kernel_block_sizes: tuple[int | None, ...]
+    """Per group: ``select_common_block_size`` (what MRv1 and NIXL derive); None where it fails."""
+    registered: dict[str, TensorView]
+    shape_kinds: dict[str, str]
+    _geometry: dict[str, _LayerGeometry] = field(repr=False, compare=False)
+
+    @property
+    def tensor_bases(self) -> tuple[int, ...]:
+        """Virtual start address of each raw tensor (they are separate allocations)."""
+        bases, at = [], 0
+        for t in self.kv_cache_tensors:
+            bases.append(at)
+            at += t.size
+        return tuple(bases)
+
+    def tensor_index(self, layer: str) -> int:
+        for i, t in enumerate(self.kv_cache_tensors):
+            if layer in t.shared_by:
+                return i
+        raise ConfigError(f"layer {layer!r} is not one of the case's layers")
+
+    def group_of(self, layer: str) -> int:
+        for gid, g in enumerate(self.groups):
+            if layer in g.layer_names:
+                return gid
+        raise ConfigError(f"layer {layer!r} is not one of the case's layers")
+
+    def block_ratio(self, group_id: int) -> int:
+        """Kernel blocks per logical block in the registered views of ``group_id``."""
+        return self.groups[group_id].spec.block_size // self.kernel_block_sizes[group_id]
+
+    def block_bytes(self, layer: str, logical_block_id: int) -> BlockBytes:
+        """Page, K and V bytes of ``logical_block_id`` in ``layer`` (virtual addresses)."""
+        try:
+            geometry = self._geometry[layer]
+        except KeyError:
+            raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
+        if not 0 <= logical_block_id < self.num_blocks:
+            raise ConfigError(f"block id {logical_block_id} is outside [0, {self.num_blocks})")
+        return geometry.block(logical_block_id)
+
+
+def resolve_legacy_layout(case: CaseConfig) -> str:
+    """``get_kv_cache_layout()``: VLLM_KV_CACHE_LAYOUT, else the connector's, else NHD.
+
+    NIXL's ``get_required_kvcache_layout`` asks for HND unless the model uses MLA.
+    """
+    if case.layout is not None:
+        if case.layout not in LAYOUTS:
+            raise ConfigError(f"KV cache layout {case.layout!r} is not valid in generation 1; expected NHD or HND")
+        return case.layout
+    if case.connector == "nixl" and not use_mla(case):
+        return "HND"
+    return "NHD"
+
+
+def use_mla(case: CaseConfig) -> bool:
+    """``model_config.use_mla``: model-global, decided by the target (not draft) layers."""
+    return any(layer.kind in ("mla", "sliding_window_mla") for layer in case.layers if not layer.is_draft)
+
+
+def _legacy_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> AttentionSpec:
+    if layer.kind not in MODELED_KINDS:
+        raise NotModeledError(
+            f"layer {layer.name!r}: kind {layer.kind!r} is not modeled in generation 1; "
+            f"modeled: {', '.join(MODELED_KINDS)}"
+        )
+    if layer.cache_dtype not in MODELED_CACHE_DTYPES:
+        raise NotModeledError(
+            f"layer {layer.name!r}: cache dtype {layer.cache_dtype!r} is not modeled in generation 1; "
+            f"modeled: {', '.join(MODELED_CACHE_DTYPES)}"
+        )
+    backend = bk.get_backend(backend_name)
+    legacy_layout(backend_name, case.vllm_version)  # ConfigError / NotModeledError early
+    if backend_name == "FLASHINFER" and case.capability[0] == 10:
+        raise NotModeledError("FlashInfer on SM10x (platform HND override, TRT-LLM sizes) is not modeled in generation 1")
+    spec = raw_spec(case, layer, backend)
+    assert isinstance(spec, AttentionSpec)
+    bk.check_backend_accepts(backend, spec, layer.name)
+    if not spec.kind.is_mla and spec.head_size_v != spec.head_size:
+        raise NotModeledError(f"layer {layer.name!r}: the 5-D legacy shape needs head_size_v == head_size")
+    return spec
+
+
+def _select(block_size: int, members: Iterable[tuple[str, AttentionSpec]], capability: tuple[int, int]) -> int:
+    """``select_common_block_size`` over a group's (backend, spec) pairs (0.21 took no specs)."""
+    pairs = dict.fromkeys(members)
+    return select_common_block_size(
+        block_size,
+        [
+            (name, bk.get_backend(name).supported_kernel_block_sizes(spec, capability, gqa=not spec.kind.is_mla))
+            for name, spec in pairs
+        ],
+    )
+
+
+def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
+    """What ``register_kv_caches`` receives from ``runner`` in vLLM 0.21 to 0.28.
+
+    MRv1 (``_reshape_kv_cache_tensors``) and MRv2 from 0.22 reshape with kernel blocks:
+    ``get_kv_cache_shape(num_blocks * bs // kbs, kbs, H, D)``. MRv2 in 0.21
+    (``gpu/attn_utils._reshape_kv_cache``) uses ``(num_blocks, bs, H, D)`` (#42846).
+    """
+    if runner not in ("mrv1", "mrv2"):
+        raise ConfigError(f"runner {runner!r} is not one of mrv1, mrv2")
+    if case.generation != 1:
+        raise ConfigError(
+            f"case {case.name!r} is generation {case.generation}; derive_legacy models generation 1 (vLLM < 0.30)"
+        )
+    version = check_gen1_version(case.vllm_version)
+    layout = resolve_legacy_layout(case)
+
+    specs: dict[str, LayerSpec] = {}
+    backends: dict[str, str] = {}
+    for layer in case.layers:
+        name = layer_backend(case, layer, runner)
+        specs[layer.name] = _legacy_spec(case, layer, name)
+        backends[layer.name] = name
+
+    # Gen 1 groups with the same HMA algorithm; a layer-compact layout keeps the
+    # block-outermost (gen-2 packed) branch out of it.
+    groups = tuple(get_kv_cache_groups(dict(specs), KVCacheLayout.LBNHC))
+    grouped = {n: layer_spec_of(g.spec, n) for g in groups for n in g.layer_names}
+    if any(getattr(s, "page_size_padded", None) is not None for s in grouped.values()):
+        raise NotModeledError("page padding in unify_kv_cache_spec_page_size is not modeled in generation 1")
+    num_blocks = _num_blocks(case, groups)
+    tensors = place_legacy_tensors(groups, num_blocks)
+
+    selected: list[int | None] = []
+    kernel: list[int] = []
+    expand = runner == "mrv1" or version >= MRV2_KERNEL_BLOCKS_SINCE
+    for group in groups:
+        members = [(backends[n], grouped[n]) for n in group.layer_names]
+        if expand:
+            kbs = _select(group.spec.block_size, members, case.capability)
+            selected.append(kbs)
+            kernel.append(kbs)
+        else:
+            # MRv2 0.21: nothing on the runner path calls select_common_block_size; a
+            # connector (NIXL) still does, so record what it would get.
+            try:
+                selected.append(_select(group.spec.block_size, members, case.capability))
+            except StartupError:
+                selected.append(None)
+            kernel.append(group.spec.block_size)
+
+    registered: dict[str, TensorView] = {}
+    kinds: dict[str, str] = {}
+    geometry: dict[str, _LayerGeometry] = {}
+    base = 0
+    for tensor in tensors:
+        for name in tensor.shared_by:
+            gid = next(i for i, g in enumerate(groups) if name in g.layer_names)
+            view, geo = _layer_view(name, grouped[name], backends[name], tensor, gid, kernel[gid], layout, case, base)
+            registered[name] = view
+            kinds[name] = geo.shape_kind
+            geometry[name] = geo
+        base += tensor.size
+    # Dict order follows the case's layers, like the runner's kv_caches dict.
+    order = [layer.name for layer in case.layers]
+    return LegacyDerivation(
+        case=case,
+        runner=runner,
+        version=version,
+        layout=layout,
+        layer_backends=backends,
+        groups=groups,
+        num_blocks=num_blocks,
+        kv_cache_tensors=tensors,
+        kernel_block_sizes=tuple(kernel),
+        selected_kernel_block_sizes=tuple(selected),
+        registered={n: registered[n] for n in order},
+        shape_kinds={n: kinds[n] for n in order},
+        _geometry=geometry,
+    )
+
+
+def _layer_view(
+    name: str,
+    spec: AttentionSpec,
+    backend: str,
+    tensor: LegacyKVCacheTensor,
+    group_id: int,
+    kbs: int,
+    layout: str,
+    case: CaseConfig,
+    base: int,
+) -> tuple[TensorView, _LayerGeometry]:
+    """``raw.view(dtype).view(permuted_shape).permute(inverse_order)`` for one layer."""
+    page = spec.page_size_bytes
+    if tensor.size % page:
+        raise StartupError(
+            f"raw tensor of {tensor.size} bytes is not a whole number of {page}-byte pages",
+            where="vllm.v1.worker.gpu_model_runner._reshape_kv_cache_tensors",
+        )
+    # The runner derives the block count from the raw tensor, not from the config.
+    num_blocks = tensor.size // page
+    ratio = spec.block_size // kbs
+    heads = 1 if spec.kind.is_mla else spec.num_kv_heads
+    shape = legacy_kv_cache_shape(
+        backend, num_blocks * ratio, kbs, heads, spec.head_size, vllm_version=case.vllm_version
+    )
+    order = legacy_stride_order(backend, layout, vllm_version=case.vllm_version)
+    strides = permuted_view_strides(shape, order)
+    es = dtype_size(spec.dtype)
+    if math.prod(shape) * es != tensor.size:
+        # .view(permuted_shape) would raise: the element count must match exactly.
+        raise NotModeledError(f"layer {name!r}: shape {shape} does not fill its {tensor.size}-byte raw tensor")
+    kind = legacy_layout(backend, case.vllm_version).shape
+    axes = SHAPE_AXES[kind]
+    view = TensorView(
+        name=name,
+        shape=shape,
+        stride=strides,
+        dtype=spec.dtype,
+        storage_offset=0,
+        storage_nbytes=tensor.size,
+        group_id=group_id,
+        kernel_block_size=kbs,
+    )
+    geo = _LayerGeometry(
+        name=name,
+        shape_kind=kind,
+        base=base,
+        ratio=ratio,
+        element_size=es,
+        byte_strides={a: s * es for a, s in zip(axes, strides)},
+        sizes=dict(zip(axes, shape)),
+        head_size=spec.head_size,
+    )
+    return view, geo
+
+
+# --- 4. MRv1 vs MRv2 --------------------------------------------------------------------
+
+
+def mrv1_mrv2_differences(case: CaseConfig) -> list[str]:
+    """Per-layer shape/stride differences between what MRv1 and MRv2 register.
+
+    Empty from 0.22 on (both reshape with kernel blocks); the #42846 split in 0.21.
+    """
+    one, two = derive_legacy(case, "mrv1"), derive_legacy(case, "mrv2")
+    out: list[str] = []
+    for name, a in one.registered.items():
+        b = two.registered[name]
+        if (a.shape, a.stride, a.dtype) != (b.shape, b.stride, b.dtype):
+            out.append(
+                f"{name}: MRv1 shape {a.shape} stride {a.stride} vs MRv2 shape {b.shape} stride {b.stride}"
+            )
+    return out
+
+
+# --- 5. the pre-#39596 Mooncake heuristic ------------------------------------------------
+
+
+def mooncake_legacy_block_size(view: TensorView, use_mla: bool) -> int:
+    """``cache.shape[-2 if use_mla else -3]``: what old Mooncake asserted equals block_size.
+
+    ``use_mla`` is model-global, so a GQA draft under an MLA target reads ``H``.
+    """
+    if len(view.shape) < 3:
+        raise ConfigError(f"view {view.name!r} has shape {view.shape}; the heuristic needs >= 3 dims")
+    return view.shape[-2 if use_mla else -3]
+
+
+# --- helpers for byte-set comparisons -----------------------------------------------------
+
+
+def merged_runs(regions: Iterable[Region]) -> tuple[tuple[int, int], ...]:
+    """The union of every run of ``regions``, as sorted, merged ``[lo, hi)`` intervals."""
+    runs = sorted(r for region in regions for r in region.runs())
+    out: list[list[int]] = []
+    for lo, hi in runs:
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return tuple((lo, hi) for lo, hi in out)
+
+
+__all__ = [
+    "GEN1_END",
+    "GEN1_FIRST",
+    "LEGACY_LAYOUT_OVERRIDES",
+    "LegacyDerivation",
+    "LegacyEra",
+    "LegacyKVCacheTensor",
+    "MRV2_KERNEL_BLOCKS_SINCE",
+    "check_gen1_version",
+    "contiguous_strides",
+    "derive_legacy",
+    "legacy_kv_cache_shape",
+    "legacy_layout",
+    "legacy_stride_order",
+    "merged_runs",
+    "mooncake_legacy_block_size",
+    "mrv1_mrv2_differences",
+    "parse_version",
+    "permuted_view_strides",
+    "place_legacy_tensors",
+    "resolve_legacy_layout",
+    "use_mla",
+]
