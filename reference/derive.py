@@ -54,6 +54,8 @@ class Derivation:
     connector_kernel_block_size: int | None
     """What NIXL/Mooncake derive (``_sync_block_size_with_kernel``); None if it fails."""
     registered: dict[str, TensorView]
+    builder_kernel_block_sizes: dict[str, int]
+    """Per attention layer: the kernel block size its metadata builder and block table use."""
     _geometry_inputs: dict[str, tuple] = field(repr=False, compare=False)
     _geometry: dict[str, LayerBytes] = field(default_factory=dict, repr=False, compare=False)
 
@@ -81,6 +83,11 @@ class Derivation:
                 raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
             geometry = self._geometry[layer] = layer_bytes(*inputs)
         return geometry.block(block_id)
+
+    @property
+    def draft_kernel_block_sizes(self) -> dict[str, int]:
+        """Kernel block size of each draft (Eagle/MTP) layer's own attention group."""
+        return {n: k for n, k in self.builder_kernel_block_sizes.items() if self.specs[n].is_draft}
 
     @cached_property
     def layer_names(self) -> tuple[str, ...]:
@@ -245,8 +252,14 @@ def prepare_kernel_block_sizes(case: CaseConfig, kv_plan: KVCachePlan, backends:
     return tuple(sizes)
 
 
-def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: dict[str, str], kernel_sizes: tuple[int, ...], views: dict[str, TensorView]) -> None:
-    """``create_metadata_builders`` + ``map_kv_cache_to_kernel_blocks``: each backend's own pass."""
+def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: dict[str, str], kernel_sizes: tuple[int, ...], views: dict[str, TensorView]) -> dict[str, int]:
+    """``create_metadata_builders`` + ``map_kv_cache_to_kernel_blocks``: each backend's own pass.
+
+    Returns the kernel block size each layer's metadata builder (and so its block table)
+    uses; for draft layers that is the drafter's own attention group (MRv1
+    ``drafter.initialize_attn_backend``, MRv2 ``speculator.set_attn``).
+    """
+    per_layer: dict[str, int] = {}
     for gid, group in enumerate(d_plan.groups):
         checked: dict[tuple, int] = {}
         for name in group.layer_names:
@@ -257,7 +270,7 @@ def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: di
             key = (backend, spec)
             if key not in checked:
                 checked[key] = select_common_block_size(kernel_sizes[gid], [_kernel_sizes_of(backend, spec, case)])
-            kbs = checked[key]
+            kbs = per_layer[name] = checked[key]
             if kbs != spec.block_size and views[name].shape[2] != spec.num_kernel_states(kbs):
                 raise StartupError(
                     f"{backend} needs {kbs}-token kernel blocks, which packed {spec.block_size}-token KV "
@@ -265,6 +278,7 @@ def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: di
                     "VLLM_KV_CACHE_LAYOUT to a layer-compact layout (e.g. LBNHC).",
                     where="vllm.v1.worker.utils.AttentionGroup.map_kv_cache_to_kernel_blocks",
                 )
+    return per_layer
 
 
 def _connector_kernel_block_size(case: CaseConfig, specs: dict[str, LayerSpec], backends: dict[str, str], cache_block_size: int) -> int | None:
@@ -302,7 +316,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         for view, byte_strides in create_views(tensor, spec, gid, kv_plan.num_blocks, layout, kbs):
             views[view.name] = view
             geometry[view.name] = (view, byte_strides, spec, packing, spec.block_size // kbs)
-    _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views)
+    builder_sizes = _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views)
     prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
     cache_block_size = min(prefix_cacheable)
     grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}
@@ -317,6 +331,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         cache_block_size=cache_block_size,
         connector_kernel_block_size=_connector_kernel_block_size(case, grouped_specs, backends, cache_block_size),
         registered=views,
+        builder_kernel_block_sizes=builder_sizes,
         _geometry_inputs=geometry,
     )
 

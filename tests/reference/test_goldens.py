@@ -308,3 +308,11 @@ def test_hybrid_groups_share_bytes_by_layer_index() -> None:
         ("model.layers.1.self_attn.attn", "model.layers.3.self_attn.attn"),
     ]
     assert derive(CASES["flashinfer-b16"]).shared_bytes() == []
+
+
+def test_draft_kernel_block_size_follows_the_group_split() -> None:
+    # MLA target (FLASHMLA [64]) + FA draft at block 128: the group's kernel size is 64, and the
+    # drafter's own attention group re-selects over its backend: FA accepts 64 -> 64.
+    d = derive(CASES["mla-gqa-draft-b128-k64"])
+    assert d.draft_kernel_block_sizes == {"draft.layers.2.attn": 64}
+    assert d.builder_kernel_block_sizes[L0] == 64

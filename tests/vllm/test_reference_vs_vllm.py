@@ -1,0 +1,240 @@
+"""The reference model's facts, proved against vLLM 0.33.0's own code on CPU.
+
+For every case in ``vllm_cases.CASES`` the reference (``reference.derive``) and vLLM
+(``gpu_impl.vllm_cpu.planning.observe``) must agree field by field: layout, groups,
+num_blocks, bytes per block, every KVCacheTensor, kernel block sizes and every
+registered tensor. When the reference predicts a startup failure, vLLM must fail
+too, with the same opening words. A second test diffs the reference backend table
+against the real backend classes.
+
+Every failure prints the case as JSON and a one-line replay command.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from gpu_impl.vllm_cpu import shims
+from gpu_impl.vllm_cpu.backends import declared, size_repr
+from gpu_impl.vllm_cpu.planning import Observation, observe
+from reference import backends as ref_backends
+from reference.config import CaseConfig, LayerConfig
+from reference.derive import Derivation, derive, raw_spec
+from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.kernel_blocks import select_common_block_size as ref_select_common_block_size
+from vllm_cases import CASES
+
+REPO = Path(__file__).resolve().parents[2]
+FIRST_WORDS = 4
+
+# Temporary: real reference-vs-vLLM disagreements, reported upstream, each with the
+# vLLM source that explains it. strict=True: the test fails as soon as it is fixed.
+KNOWN_DISAGREEMENTS: dict[str, str] = {}
+
+
+def replay_command(case: CaseConfig, runner: str) -> str:
+    return (
+        f"cd {shlex.quote(str(REPO))} && PYTHONPATH=. python -m gpu_impl.vllm_cpu.planning "
+        f"{shlex.quote(case.to_json())} {runner}"
+    )
+
+
+def _report(case: CaseConfig, runner: str, problems: list[str]) -> str:
+    lines = [f"case {case.name!r} ({runner}): reference and vLLM disagree"]
+    lines += [f"  - {p}" for p in problems]
+    lines.append(f"case JSON: {case.to_json()}")
+    lines.append(f"replay (vLLM side): {replay_command(case, runner)}")
+    return "\n".join(lines)
+
+
+def _first_words(text: str, n: int = FIRST_WORDS) -> list[str]:
+    return text.split()[:n]
+
+
+def diff(ref: Derivation, obs: Observation) -> list[str]:
+    """Every field where the reference and vLLM differ, as one line each."""
+    problems: list[str] = []
+
+    def check(field: str, reference, vllm) -> None:
+        if reference != vllm:
+            problems.append(f"{field}: reference={reference!r} vllm={vllm!r}")
+
+    plan = ref.plan
+    check("layout", ref.layout.name, obs.layout)
+    check("groups.layer_names", [tuple(g.layer_names) for g in plan.groups], [g.layer_names for g in obs.groups])
+    check("groups.block_size", [g.spec.block_size for g in plan.groups], [g.block_size for g in obs.groups])
+    check("num_blocks", plan.num_blocks, obs.num_blocks)
+    check("bytes_per_block", plan.bytes_per_block, obs.bytes_per_block)
+    check("kv_cache_tensors.count", len(plan.tensors), len(obs.tensors))
+    for i, (rt, vt) in enumerate(zip(plan.tensors, obs.tensors)):
+        check(f"kv_cache_tensors[{i}].layers", tuple(rt.layers), vt.layers)
+        for attr in ("size", "layer_stride", "block_stride", "offset"):
+            check(f"kv_cache_tensors[{i}].{attr}", getattr(rt, attr), getattr(vt, attr))
+    check("kernel_block_sizes", tuple(ref.kernel_block_sizes), obs.kernel_block_sizes)
+    check("registered.layers", list(ref.registered), list(obs.registered))
+    for name, rv in ref.registered.items():
+        vv = obs.registered.get(name)
+        if vv is None:
+            continue
+        check(f"registered[{name}].shape", tuple(rv.shape), vv.shape)
+        check(f"registered[{name}].stride", tuple(rv.stride), vv.stride)
+        check(f"registered[{name}].dtype", rv.dtype, vv.dtype)
+        check(f"registered[{name}].storage_offset", rv.storage_offset, vv.storage_offset)
+        check(f"registered[{name}].storage_nbytes", rv.storage_nbytes, vv.storage_nbytes)
+    return problems
+
+
+def _has_draft(case: CaseConfig) -> bool:
+    return any(layer.is_draft for layer in case.layers)
+
+
+def _params():
+    for case in CASES:
+        runners = ("mrv1", "mrv2") if _has_draft(case) else ("mrv1",)
+        for runner in runners:
+            marks = []
+            if case.name in KNOWN_DISAGREEMENTS:
+                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENTS[case.name]))
+            yield pytest.param(case, runner, id=f"{case.name}[{runner}]", marks=marks)
+
+
+def test_case_list_is_large_enough():
+    assert len(CASES) >= 30
+
+
+@pytest.mark.parametrize(("case", "runner"), list(_params()))
+def test_reference_matches_vllm(case: CaseConfig, runner: str):
+    ref: Derivation | None = None
+    ref_error: StartupError | None = None
+    invalid: str | None = None
+    try:
+        ref = derive(case, runner)
+    except StartupError as exc:
+        ref_error = exc
+    except NotModeledError as exc:
+        pytest.skip(f"reference does not model this case yet: {exc}")
+    except ConfigError as exc:
+        invalid = str(exc)
+    if invalid is not None:
+        pytest.fail(_report(case, runner, [f"the reference rejects the case itself (fix the case list): {invalid}"]), pytrace=False)
+
+    obs = observe(case, runner)
+    if obs.unsupported is not None:
+        pytest.skip(f"vLLM cannot be driven on CPU for this case: {obs.unsupported}")
+
+    if ref_error is not None:
+        if obs.error is None:
+            pytest.fail(
+                _report(case, runner, [f"the reference predicts vLLM refuses ({ref_error.where}): "
+                                       f"{ref_error.vllm_message!r}, but vLLM accepted it (layout {obs.layout}, "
+                                       f"kernel block sizes {obs.kernel_block_sizes})"]),
+                pytrace=False,
+            )
+        if _first_words(ref_error.vllm_message) != _first_words(obs.error_message or ""):
+            pytest.fail(
+                _report(case, runner, [f"both refuse, differently: reference ({ref_error.where}) "
+                                       f"{ref_error.vllm_message!r}; vLLM ({obs.error_stage}) {obs.error!r}"]),
+                pytrace=False,
+            )
+        return
+
+    if obs.error is not None:
+        pytest.fail(
+            _report(case, runner, [f"the reference accepts the case, but vLLM refuses it at {obs.error_stage}: {obs.error}"]),
+            pytrace=False,
+        )
+    assert ref is not None
+    problems = diff(ref, obs)
+    if problems:
+        pytest.fail(_report(case, runner, problems), pytrace=False)
+
+
+# --- the backend table vs the real backend classes -------------------------------------------
+
+TABLE_BLOCK_SIZES = (16, 32, 64, 128, 256)
+TABLE_CAPABILITIES = ((9, 0), (10, 0))
+
+
+def _table_layers(info: ref_backends.BackendInfo) -> list[LayerConfig]:
+    """A plain and (where the backend takes one) a quantized layer of the right kind."""
+    if info.is_mla:
+        base = dict(kind="mla", head_size=576 if info.head_sizes.accepts(576) else 512)
+    else:
+        head = next(h for h in (128, 64, 256, 96) if info.head_sizes.accepts(h))
+        base = dict(kind="full", num_kv_heads=2, head_size=head)
+    out = [LayerConfig(name="model.layers.0.self_attn.attn", backend=info.name, **base)]
+    for dtype in ("fp8", "fp8_e4m3", "nvfp4", "int8_per_token_head"):
+        if dtype in info.kv_cache_dtypes:
+            out.append(LayerConfig(name="model.layers.0.self_attn.attn", backend=info.name, cache_dtype=dtype, **base))
+    return out
+
+
+def _table_params():
+    for name, info in ref_backends.BACKENDS.items():
+        if info.is_ssm:
+            continue
+        for capability in TABLE_CAPABILITIES:
+            for layer in _table_layers(info):
+                yield pytest.param(
+                    name, layer, capability, id=f"{name}-{layer.cache_dtype}-sm{capability[0]}{capability[1]}"
+                )
+
+
+def _ref_sizes(sizes) -> tuple:
+    return tuple(size_repr(s) for s in sizes)
+
+
+@pytest.mark.parametrize(("backend", "layer", "capability"), list(_table_params()))
+def test_backend_table_matches_vllm(backend: str, layer: LayerConfig, capability: tuple[int, int]):
+    info = ref_backends.get_backend(backend)
+    try:
+        shims.backend_class(backend)
+    except shims.BackendUnavailable as exc:
+        pytest.skip(f"backend class not importable on CPU: {exc}")
+    problems: list[str] = []
+    for block_size in TABLE_BLOCK_SIZES:
+        case = CaseConfig(name=f"table-{backend}", layers=(layer,), block_size=block_size, capability=capability)
+        try:
+            ref_raw = raw_spec(case, layer, info)
+            ref_spec = ref_backends.customize_attention_spec(info, ref_raw, capability)
+        except ConfigError as exc:
+            problems.append(f"bs={block_size}: the reference rejects the table spec: {exc}")
+            continue
+        facts = declared(backend, layer, block_size, capability)
+        where = f"bs={block_size} {layer.cache_dtype}"
+        gqa = not info.is_mla
+        expected = {
+            "kernel_block_sizes": _ref_sizes(info.supported_kernel_block_sizes(ref_spec, capability, gqa=gqa)),
+            "layouts": None if (lays := info.supported_layouts(capability)) is None else tuple(l.name for l in lays),
+            "num_heads": ref_spec.num_heads,
+            "state_content_bytes": ref_spec.state_content_size_bytes,
+            "page_size_bytes": ref_spec.page_size_bytes,
+            "block_stride_alignment": None
+            if ref_spec.block_stride_alignment is None
+            else size_repr(ref_spec.block_stride_alignment),
+            "block_stride_alignment_bytes": ref_spec.get_block_stride_alignment(),
+        }
+        for field, want in expected.items():
+            got = getattr(facts, field)
+            if want != got:
+                problems.append(f"{where}: {field}: reference={want!r} vllm={got!r}")
+        sizes = info.supported_kernel_block_sizes(ref_spec, capability, gqa=gqa)
+        try:
+            want_common: int | str = ref_select_common_block_size(block_size, [(backend, sizes)])
+        except StartupError as exc:
+            want_common = exc.vllm_message
+        got_common = facts.common_block_size
+        if isinstance(want_common, int) or isinstance(got_common, int):
+            if want_common != got_common:
+                problems.append(f"{where}: select_common_block_size: reference={want_common!r} vllm={got_common!r}")
+        elif _first_words(want_common) != _first_words(got_common):
+            problems.append(f"{where}: select_common_block_size error: reference={want_common!r} vllm={got_common!r}")
+    if problems:
+        pytest.fail(
+            f"backend {backend} at capability {capability}, layer {layer}:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            pytrace=False,
+        )
