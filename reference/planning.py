@@ -12,13 +12,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from reference.errors import NotModeledError, StartupError
+from reference.errors import StartupError
 from reference.layout import B, L, KVCacheLayout, compute_layout_strides
 from reference.specs import (
     AttentionSpec,
     GroupSpec,
     LayerSpec,
     MambaSpec,
+    SpecKind,
     UniformTypeSpecs,
     is_uniform_type,
     layer_spec_of,
@@ -134,11 +135,78 @@ def get_kv_cache_groups(specs: dict[str, LayerSpec], layout: KVCacheLayout) -> l
     if is_uniform_type(values):
         return [KVCacheGroup(tuple(specs), UniformTypeSpecs(tuple(specs.items())))]
     if layout.is_block_outermost and len({s.page_size_bytes for s in values}) > 1:
-        raise NotModeledError(
-            f"packed grouping of mixed page sizes under block-outermost layout {layout.name} "
-            "(_get_packed_kv_cache_groups) is not modeled yet"
-        )
+        return _packed_groups(specs)
     return _uniform_page_groups(unify_page_size(specs))
+
+
+def approximate_gcd(values: Sequence[int], lower_bound: int = 1) -> int:
+    """``_approximate_gcd``: the chunk size in [lower_bound, max] with least round-up padding."""
+    lo, hi = max(1, lower_bound), max(values)
+    if lo > hi:
+        return lo
+    best, best_pad = lo, None
+    for d in range(lo, hi + 1):
+        pad = sum((d - x % d) % d for x in values)
+        if best_pad is None or pad < best_pad or (pad == best_pad and d > best):
+            best, best_pad = d, pad
+    return best
+
+
+def _packed_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
+    """``_get_packed_kv_cache_groups``: block-outermost layouts keep mixed pages side by side.
+
+    Layers are bucketed greedily by uniform type; balanced buckets (equal layer counts per
+    page size) split into groups of the same number of pattern repeats; state buckets
+    (Mamba, or sliding windows when nothing repeats) split to fit the widest block.
+    """
+    buckets: list[dict[str, LayerSpec]] = []
+    for name, spec in specs.items():
+        for bucket in buckets:
+            if is_uniform_type([*bucket.values(), spec]):
+                bucket[name] = spec
+                break
+        else:
+            buckets.append({name: spec})
+    described = []
+    for bucket in buckets:
+        by_page: dict[int, list[str]] = {}
+        for name, spec in bucket.items():
+            by_page.setdefault(spec.page_size_bytes, []).append(name)
+        balanced = len({len(v) for v in by_page.values()}) == 1
+        described.append((bucket, by_page, balanced, max(len(v) for v in by_page.values())))
+    min_repeats = max((most for _, by_page, balanced, most in described if balanced and len(by_page) > 1), default=0)
+    repeats = (
+        approximate_gcd([most for _, _, balanced, most in described if balanced], min_repeats) if min_repeats else None
+    )
+
+    def num_groups_for(balanced: bool, most: int) -> int:
+        return -(-most // repeats) if balanced and repeats is not None else 1
+
+    def is_state(bucket: dict[str, LayerSpec]) -> bool:
+        first = next(iter(bucket.values()))
+        return isinstance(first, MambaSpec) or (repeats is None and first.kind is SpecKind.SLIDING_WINDOW)
+
+    def widest(by_page: dict[int, list[str]], n: int) -> int:
+        return sum(-(-len(names) // n) * page for page, names in by_page.items())
+
+    anchor = max(
+        (widest(by_page, len(bucket) if is_state(bucket) else num_groups_for(balanced, most)) for bucket, by_page, balanced, most in described),
+        default=0,
+    )
+    groups: list[KVCacheGroup] = []
+    for bucket, by_page, balanced, most in described:
+        n = num_groups_for(balanced, most)
+        if anchor and is_state(bucket):
+            per_block = max(anchor // next(iter(bucket.values())).page_size_bytes, 1)
+            n = max(n, -(-len(bucket) // per_block))
+        if n == 1:
+            groups.append(KVCacheGroup(tuple(bucket), UniformTypeSpecs(tuple(bucket.items()))))
+            continue
+        pattern = list(zip(*by_page.values()))
+        for i in range(n):
+            members = tuple(name for repeat in pattern[i::n] for name in repeat)
+            groups.append(KVCacheGroup(members, UniformTypeSpecs(tuple((m, bucket[m]) for m in members))))
+    return groups
 
 
 def validate_layout(layout: KVCacheLayout, groups: Sequence[KVCacheGroup]) -> None:

@@ -316,3 +316,33 @@ def test_draft_kernel_block_size_follows_the_group_split() -> None:
     d = derive(CASES["mla-gqa-draft-b128-k64"])
     assert d.draft_kernel_block_sizes == {"draft.layers.2.attn": 64}
     assert d.builder_kernel_block_sizes[L0] == 64
+
+
+def test_packed_block_outermost_grouping_matches_research_runs() -> None:
+    # Research [run] (vllm-specs-backends.md 2.6), BLHNC: FA (H=2, page 2*32*16*2 = 2048) x2 and
+    # SW (H=1, 1024) x4 -> groups [f0, f1] and [s0..s3], each 4096 B per block. FA x2 with Mamba
+    # states of 1120 B x6 -> [f0, f1], [m0, m2, m4], [m1, m3, m5] (3360 B each).
+    from reference.config import CaseConfig, LayerConfig
+
+    fa = tuple(LayerConfig(f"f{i}", num_kv_heads=2, head_size=8) for i in range(2))
+    sw = tuple(LayerConfig(f"s{i}", kind="sliding_window", sliding_window=64, num_kv_heads=1, head_size=8) for i in range(4))
+    d = derive(CaseConfig("p", fa + sw, block_size=32, num_blocks=4, layout="BLHNC"))
+    assert [(g.layer_names, g.spec.page_size_bytes) for g in d.groups] == [(("f0", "f1"), 4096), (("s0", "s1", "s2", "s3"), 4096)]
+    mamba = tuple(LayerConfig(f"m{i}", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 280),)) for i in range(6))
+    d = derive(CaseConfig("p", fa + mamba, block_size=32, num_blocks=4, layout="BLHNC", mamba_block_size=32))
+    assert [(g.layer_names, g.spec.page_size_bytes) for g in d.groups] == [
+        (("f0", "f1"), 4096),
+        (("m0", "m2", "m4"), 3360),
+        (("m1", "m3", "m5"), 3360),
+    ]
+    assert d.plan.bytes_per_block == 4096
+
+
+def test_approximate_gcd() -> None:
+    from reference.planning import approximate_gcd
+
+    # pad(d) = sum((d - x % d) % d): for [4, 6] d=2 pads 0 and is the largest zero-pad d.
+    assert approximate_gcd([4, 6]) == 2
+    # From 3: d=3 pads 2+0, d=4 pads 0+2, d=5 pads 1+4, d=6 pads 2+0: ties go to the larger d.
+    assert approximate_gcd([4, 6], lower_bound=3) == 6
+    assert approximate_gcd([5], lower_bound=9) == 9
