@@ -78,6 +78,9 @@ class Variant:
     """Applies only on these compute-capability majors (empty: any)."""
     requires_gqa: bool = False
     head_size: int | None = None
+    """Applies only when head_size == head_size_v == this."""
+    unquantized_only: bool = False
+    """Applies only to unquantized caches (the kernel falls back otherwise)."""
     kernel_block_sizes: tuple[KernelBlockSize, ...] | None = None
     layouts: tuple[KVCacheLayout, ...] | None = None
     note: str = ""
@@ -129,6 +132,8 @@ class BackendInfo:
                 spec is None or spec.head_size != v.head_size or spec.head_size_v != v.head_size
             ):
                 continue
+            if v.unquantized_only and (spec is None or spec.kv_quant_mode != "NONE"):
+                continue
             return v
         return None
 
@@ -156,6 +161,15 @@ BACKENDS: dict[str, BackendInfo] = {
             (MultipleOf(16),),
             head_sizes=HeadSizes(multiple_of=8, maximum=256),
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
+            variants=(
+                Variant(
+                    capability_majors=(10, 11),
+                    head_size=256,
+                    unquantized_only=True,
+                    kernel_block_sizes=(128,),
+                    note="FA4's head-256 kernel pages 128 tokens (fa_utils.FA4_HD256_PAGE_SIZE)",
+                ),
+            ),
             legacy=_FA_LEGACY,
         ),
         BackendInfo(

@@ -143,6 +143,7 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             block_size=case.mamba_block_size or case.max_model_len,
             shapes=layer.mamba_shapes,
             dtypes=layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes),
+            mamba_type=backend.name.removesuffix("_ATTN"),
             is_draft=layer.is_draft,
         )
     kind = _KIND[layer.kind]
@@ -152,6 +153,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         block_size=case.block_size,
         dtype=dtype,
         cache_dtype=layer.cache_dtype,
+        kv_quant_mode=quant_mode(layer.cache_dtype),
+        cache_dtype_str=layer.cache_dtype if kind.is_mla else None,
         sliding_window=layer.sliding_window,
         attention_chunk_size=layer.attention_chunk_size,
         sink_len=layer.sink_len,
@@ -169,15 +172,10 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         head_v = layer.head_size_v if layer.head_size_v is not None else layer.head_size
         spec = AttentionSpec(num_kv_heads=layer.num_kv_heads, head_size=layer.head_size, head_size_v=head_v, **common)
     if kind is SpecKind.SLIDING_WINDOW:
-        sw_bs = _sliding_window_block_size(backend, spec, case.block_size, case.capability)
-        if sw_bs != case.block_size:
-            budget = bk.customize_spec(backend, spec.with_block_size(1)).real_page_size_bytes * case.block_size
-            spec = spec.with_block_size(sw_bs)
-            real = bk.customize_spec(backend, spec).real_page_size_bytes
-            if budget != real:
-                from dataclasses import replace
-
-                spec = replace(spec, page_size_padded=budget)
+        # Attention.get_kv_cache_spec decouples the window's block size from --block-size
+        # (no padding unless kv_cache_dtype_skip_layers sets skip_page_size_padded, which
+        # cases do not); page-size unification later rescales it to the full pages.
+        spec = spec.with_block_size(_sliding_window_block_size(backend, spec, case.block_size, case.capability))
     return spec
 
 

@@ -136,7 +136,42 @@ def get_kv_cache_groups(specs: dict[str, LayerSpec], layout: KVCacheLayout) -> l
         return [KVCacheGroup(tuple(specs), UniformTypeSpecs(tuple(specs.items())))]
     if layout.is_block_outermost and len({s.page_size_bytes for s in values}) > 1:
         return _packed_groups(specs)
-    return _uniform_page_groups(unify_page_size(specs))
+    try:
+        unified = unify_page_size(specs)
+    except StartupError:
+        fallback = _full_allocation_fallback(specs)
+        if fallback is None:
+            raise
+        return fallback
+    return _uniform_page_groups(unified)
+
+
+def _full_allocation_fallback(specs: dict[str, LayerSpec]) -> list[KVCacheGroup] | None:
+    """``_try_get_full_allocation_fallback_groups``: MLA + sliding window as full attention.
+
+    When MLA pages cannot be unified with sliding-window pages, vLLM promotes the window
+    layers to full attention (keeping the window for compute) in one group.
+    """
+    kinds = {s.kind for s in specs.values()}
+    if SpecKind.SLIDING_WINDOW_MLA in kinds or SpecKind.CHUNKED_LOCAL in kinds:
+        return None
+    if not (SpecKind.MLA in kinds and SpecKind.SLIDING_WINDOW in kinds):
+        return None
+    full_sizes = {s.block_size for s in specs.values() if s.kind.uniform_type_base == "full"}
+    full_block_size = next(iter(full_sizes)) if len(full_sizes) == 1 else None
+    promoted: dict[str, LayerSpec] = {}
+    for name, spec in specs.items():
+        if spec.kind is SpecKind.SLIDING_WINDOW:
+            assert isinstance(spec, AttentionSpec)
+            promoted[name] = replace(spec, kind=SpecKind.FULL, block_size=full_block_size or spec.block_size)
+        else:
+            promoted[name] = spec
+    values = list(promoted.values())
+    if _merge_equal(values) is not None:
+        return [KVCacheGroup(tuple(promoted), values[0])]
+    if is_uniform_type(values):
+        return [KVCacheGroup(tuple(promoted), UniformTypeSpecs(tuple(promoted.items())))]
+    return None
 
 
 def approximate_gcd(values: Sequence[int], lower_bound: int = 1) -> int:
@@ -305,15 +340,17 @@ def plan(
     """Size the pool and place every tensor (``get_kv_cache_config_from_groups``)."""
     validate_layout(layout, groups)
     bpb = bytes_per_block(groups, layout)
+    available = num_blocks * bpb if num_blocks is not None else available_memory
+    assert available is not None
+    # get_kv_cache_configs reserves the null block (block 0) before checking memory.
+    if available - bpb <= 0:
+        raise StartupError(
+            f"No available memory for the cache blocks: {available} bytes leave nothing after "
+            f"reserving the null block of {bpb} bytes",
+            where=f"{_PLANNING}._check_enough_kv_cache_memory",
+        )
     if num_blocks is None:
-        assert available_memory is not None
-        num_blocks = available_memory // bpb
-        if num_blocks <= 0:
-            raise StartupError(
-                f"No available memory for the cache blocks: {available_memory} bytes is less "
-                f"than one block of {bpb} bytes",
-                where=f"{_PLANNING}._check_enough_kv_cache_memory",
-            )
+        num_blocks = available // bpb
     return KVCachePlan(num_blocks, bpb, place_tensors(groups, layout, num_blocks, bpb), tuple(groups), layout)
 
 

@@ -72,7 +72,12 @@ class AttentionSpec:
     head_size_v: int
     dtype: str
     """Storage dtype name (fp8 caches are ``uint8``)."""
-    cache_dtype: str = "auto"
+    cache_dtype: str = field(default="auto", compare=False)
+    """The ``--kv-cache-dtype`` string; vLLM's attention specs keep only ``dtype`` and
+    ``kv_quant_mode`` (so "auto" on a bf16 model equals "bfloat16"); MLA keeps the string
+    as ``cache_dtype_str``."""
+    kv_quant_mode: str = "NONE"
+    cache_dtype_str: str | None = None
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     sink_len: int | None = None
@@ -202,8 +207,11 @@ class MambaSpec:
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
     page_size_padded: int | None = None
+    mamba_type: str = "MAMBA2"
+    """vLLM's ``MambaAttentionBackendEnum`` member: Mamba1 and Mamba2 states never share a spec."""
     mamba_cache_mode: str = "none"
     num_speculative_blocks: int = 0
+    tp_replicated: bool = False
     is_draft: bool = field(default=False, compare=False)
 
     kind = SpecKind.MAMBA

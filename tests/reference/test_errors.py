@@ -59,18 +59,33 @@ def test_mixed_pages_need_a_block_compact_layout() -> None:
 
 
 def test_mla_page_that_cannot_be_padded() -> None:
-    # MLA page 64*576*2 = 73728; an SW layer with 5 heads x 128 has page 5*64*512 = 163840,
-    # which 73728 does not divide, and MLA pages cannot be padded.
+    # MLA page 64*576*2 = 73728; a Mamba state of 2*50000*2 = 200000 B is the largest page,
+    # 73728 does not divide it, MLA pages cannot be padded, and without sliding-window layers
+    # there is no full-allocation fallback.
+    layers = (
+        LayerConfig("m", kind="mla", backend="FLASHMLA", head_size=576),
+        LayerConfig("s", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 50000),)),
+    )
+    with pytest.raises(StartupError, match=r"Layer m: page size is not divisible by the maximum page size"):
+        derive(CaseConfig("x", layers, block_size=64, num_blocks=2, mamba_block_size=64))
+
+
+def test_mla_with_sliding_window_falls_back_to_full_allocation() -> None:
+    # Same MLA page with an SW layer of page 5*64*512 = 163840 (not a multiple of 73728):
+    # _try_get_full_allocation_fallback_groups promotes the SW layer to full attention and
+    # puts everything in one UniformType group (bpb = 73728 + 163840).
     layers = (
         LayerConfig("m", kind="mla", backend="FLASHMLA", head_size=576),
         LayerConfig("s", kind="sliding_window", sliding_window=128, num_kv_heads=5, head_size=128),
     )
-    with pytest.raises(StartupError, match=r"Layer m: page size is not divisible by the maximum page size"):
-        derive(CaseConfig("x", layers, block_size=64, num_blocks=2))
+    d = derive(CaseConfig("x", layers, block_size=64, num_blocks=2))
+    assert [g.layer_names for g in d.groups] == [("m", "s")]
+    assert d.specs["s"].kind.value == "full_attention" and d.specs["s"].sliding_window == 128
+    assert d.plan.bytes_per_block == 73728 + 163840
 
 
 def test_not_enough_memory_for_one_block() -> None:
-    with pytest.raises(StartupError, match=r"100 bytes is less than one block of 131072 bytes"):
+    with pytest.raises(StartupError, match=r"100 bytes leave nothing after reserving the null block of 131072 bytes"):
         derive(CaseConfig("x", uniform_layers(2), num_blocks=None, kv_cache_memory_bytes=100))
 
 

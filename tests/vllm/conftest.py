@@ -1,12 +1,15 @@
 """Tests that diff the reference model against the real vLLM 0.33.0, driven on CPU.
 
-The whole folder is skipped, with a reason, when vLLM is not importable or is not
-the release the reference was read from. The CPU shim set is applied once per
-session (environment first, before anything imports vLLM); what it did is
-printed in the pytest header.
+Every test in this folder is skipped, with a reason, when vLLM is not importable or
+is not the release the reference was read from (an autouse fixture: a module-level
+skip in a conftest named on the command line would abort the whole pytest run).
+The CPU shim set is applied once per session; the environment part is set here,
+before anything imports vLLM, and the full list is printed in the pytest header.
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -15,21 +18,44 @@ from reference.backends import VLLM_VERSION
 
 # Environment variables vLLM reads at import time must be set before the import.
 shims.prepare_env()
-vllm = pytest.importorskip("vllm", reason="vllm is not importable; the reference-vs-vLLM diff needs vllm==0.33.0")
-if getattr(vllm, "__version__", None) != VLLM_VERSION:
-    pytest.skip(
-        f"vllm {getattr(vllm, '__version__', '?')} is installed; these tests target {VLLM_VERSION}, "
-        "the release reference/ was read from",
-        allow_module_level=True,
-    )
-_SHIMS = shims.apply()
+
+_NEEDS = f"the reference-vs-vLLM diff needs vllm=={VLLM_VERSION} (e.g. tox -e vllm033)"
+
+
+@functools.lru_cache(maxsize=None)
+def _vllm_problem() -> str | None:
+    """Why vLLM cannot be driven here, or None."""
+    try:
+        import vllm
+    except ImportError as exc:
+        return f"vllm is not importable ({exc}); {_NEEDS}"
+    if getattr(vllm, "__file__", None) is None:
+        # Only a namespace package named "vllm" (e.g. this folder, with tests/ on sys.path).
+        return f"vllm is not installed; {_NEEDS}"
+    version = getattr(vllm, "__version__", "?")
+    if version != VLLM_VERSION:
+        return f"vllm {version} is installed; these tests target {VLLM_VERSION}, the release reference/ was read from"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_cpu_shims() -> list[str]:
+    """Skip the folder without vLLM 0.33.0; otherwise apply the CPU shim set once."""
+    pytest.importorskip("vllm", reason=f"vllm is not importable; {_NEEDS}")
+    problem = _vllm_problem()
+    if problem is not None:
+        pytest.skip(problem)
+    return shims.apply()
 
 
 def pytest_report_header(config):
-    return ["vllm_cpu shims:"] + [f"  - {line}" for line in _SHIMS]
+    problem = _vllm_problem()
+    if problem is not None:
+        return [f"vllm_cpu: tests/vllm will be skipped: {problem}"]
+    return ["vllm_cpu shims:"] + [f"  - {line}" for line in shims.apply()]
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "tests/vllm/" in str(item.fspath).replace("\\", "/"):
+        if "/tests/vllm/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.vllm)

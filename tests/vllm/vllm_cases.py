@@ -58,6 +58,7 @@ def _dense() -> list[CaseConfig]:
             i += 1
             out.append(_case(f"{backend.lower()}-bs{bs}-{layout}", gqa(3, backend), block_size=bs, layout=layout))
         out.append(_case(f"{backend.lower()}-bs{sizes[-1]}-default", gqa(2, backend), block_size=sizes[-1]))
+    out.append(_case("flex_attention-bs64-LBNHC", gqa(2, "FLEX_ATTENTION"), block_size=64, layout="LBNHC"))
     out += [
         _case("flash_attn-bs32-legacy-HND", gqa(2), block_size=32, layout="HND"),
         _case("triton_attn-bs16-legacy-NHD", gqa(2, "TRITON_ATTN"), block_size=16, layout="NHD"),
@@ -70,7 +71,15 @@ def _dense() -> list[CaseConfig]:
         _case("flash_attn-mixed-heads-LHBNC", gqa(1) + gqa(1, start=1, num_kv_heads=4), block_size=16, layout="LHBNC"),
         _case("flash_attn-memory-budget", gqa(2), block_size=16, num_blocks=None, kv_cache_memory_bytes=3_000_000),
         _case("flash_attn-bs8-no-kernel-size", gqa(2), block_size=8),
+        # get_kv_cache_configs reserves the null block: an override of one block leaves
+        # no memory, but a budget a little over one block still passes that check.
+        _case("flash_attn-one-block", gqa(2), block_size=16, num_blocks=1),
+        _case("flash_attn-memory-one-block", gqa(2), block_size=16, num_blocks=None, kv_cache_memory_bytes=2 * 16384 + 100),
+        _case("flash_attn-memory-too-small", gqa(2), block_size=16, num_blocks=None, kv_cache_memory_bytes=1000),
         _case("flex+flash_attn", gqa(1, "FLEX_ATTENTION") + gqa(1, start=1), block_size=32),
+        # "auto" on a bf16 model and an explicit "bfloat16" store the same spec in vLLM
+        # (FullAttentionSpec has dtype and kv_quant_mode, no cache-dtype string).
+        _case("flash_attn-auto-and-bfloat16-cache-dtypes", gqa(1) + gqa(1, start=1, cache_dtype="bfloat16"), block_size=16),
         _case("flex-LBHNC-refused", gqa(2, "FLEX_ATTENTION"), block_size=32, layout="LBHNC"),
     ]
     return out
@@ -97,6 +106,9 @@ def _sm100() -> list[CaseConfig]:
         _case("flashinfer-sm100-bs16", gqa(2, "FLASHINFER"), block_size=16, capability=(10, 0)),
         _case("flashinfer-sm100-LBNHC-refused", gqa(2, "FLASHINFER"), block_size=64, layout="LBNHC", capability=(10, 0)),
         _case("flashinfer+flash_attn-sm100", gqa(1, "FLASHINFER") + gqa(1, start=1), block_size=64, capability=(10, 0)),
+        # FA4's hd256 kernel (head 256 on SM10x/11x) takes 128-token pages only.
+        _case("flash_attn-hd256-sm100-bs256", gqa(2, head_size=256), block_size=256, capability=(10, 0)),
+        _case("flash_attn-hd256-sm90-bs256", gqa(2, head_size=256), block_size=256),
     ]
 
 
@@ -118,6 +130,9 @@ def _mla() -> list[CaseConfig]:
         _case("flashinfer_mla+flashinfer-draft-bs64", mla(2, "FLASHINFER_MLA") + (draft("FLASHINFER"),), block_size=64),
         _case("flashmla+fa-draft-bs64-BLHNC", mla(2) + (draft("FLASH_ATTN"),), block_size=64, layout="BLHNC"),
         _case("cutlass_mla+flashinfer-draft-refused", mla(2, "CUTLASS_MLA") + (draft("FLASHINFER"),), block_size=128),
+        # An MLA page cannot be padded and the SW page is no multiple of it: vLLM falls back
+        # to allocating the sliding-window layers as full attention (one UniformType group).
+        _case("flashmla+swa-full-allocation-fallback", mla(2) + swa(1, "FLASH_ATTN", start=2, num_kv_heads=8), block_size=64),
         # MRv1 and MRv2 differ in which backend a draft inherits (--attention-backend).
         # MRv1 auto-selects the draft's backend (FLASHINFER: kernel 64 for the group);
         # MRv2 keeps --attention-backend (TRITON_ATTN: no split).
@@ -155,10 +170,15 @@ def _hybrid() -> list[CaseConfig]:
         _case("swa-triton-bs32-interleaved", gqa(1, "TRITON_ATTN") + swa(1, "TRITON_ATTN", start=1) + gqa(1, "TRITON_ATTN", start=2) + swa(1, "TRITON_ATTN", start=3), block_size=32),
         _case("swa-flashinfer-bs128", gqa(2, "FLASHINFER") + swa(2, "FLASHINFER", start=2), block_size=128),
         _case("swa-flashinfer-bs64", gqa(2, "FLASHINFER") + swa(2, "FLASHINFER", start=2), block_size=64),
+        _case("swa-flashinfer-bs256-LBHNC", gqa(1, "FLASHINFER") + swa(1, "FLASHINFER", start=1), block_size=256, layout="LBHNC"),
+        _case("swa-flash_attn-bs8", gqa(1) + swa(1, "FLASH_ATTN", start=1), block_size=8),
         _case("mamba-flash_attn-bs64", gqa(1) + (mamba(1),), block_size=64),
         _case("mamba-flashinfer-bs128", gqa(2, "FLASHINFER") + (mamba(2), mamba(3)), block_size=128),
         _case("mamba-triton-bs16-mamba_block", gqa(1, "TRITON_ATTN") + (mamba(1),), block_size=16, mamba_block_size=256),
         _case("mamba-fa-bs32-LBHNC", gqa(1) + (mamba(1, shapes=((3, 64), (4, 16, 16))),), block_size=32, layout="LBHNC"),
+        _case("mamba-only", (mamba(0), mamba(1)), block_size=64),
+        # MambaSpec.mamba_type is part of vLLM's spec equality.
+        _case("mamba-mixed-types", (mamba(0, "MAMBA2_ATTN"), mamba(1, "MAMBA1_ATTN")), block_size=64),
     ]
 
 
@@ -200,3 +220,25 @@ CASES: list[CaseConfig] = [
 
 _names = [c.name for c in CASES]
 assert len(set(_names)) == len(_names), sorted({n for n in _names if _names.count(n) > 1})
+
+
+def admission_cases() -> list[CaseConfig]:
+    """Cases whose pool holds a max_model_len request, for the engine-core planning path."""
+    picked = [
+        "flash_attn-bs16-LBNHC",
+        "flashinfer-bs128-kernel64",
+        "flashinfer-sm100-bs128",
+        "flashmla+flashinfer-draft-bs128",
+        "swa-flash_attn-bs16",
+        "mamba-flashinfer-bs128",
+        "b12x-bs128-BLHNC",
+        "flash_attn-memory-budget",
+    ]
+    by_name = {c.name: c for c in CASES}
+    out = []
+    for name in picked:
+        case = by_name[name]
+        if case.num_blocks is not None:
+            case = case.with_(num_blocks=256)
+        out.append(case.with_(name=f"{name}-admitted", max_model_len=512))
+    return out

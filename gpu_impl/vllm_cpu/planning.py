@@ -1,0 +1,574 @@
+"""Run vLLM 0.33.0's own KV-cache planning and allocation code for a reference case.
+
+``observe(case, runner)`` takes a ``reference.config.CaseConfig`` (generation 2) and
+drives, on a CPU-only machine, the same chain of vLLM functions the engine core
+and the model runners run at startup:
+
+1. per-layer specs: the real unbound ``Attention.get_kv_cache_spec`` /
+   ``MLAAttention.get_kv_cache_spec`` / ``MambaBase.get_kv_cache_spec``, called on
+   small stand-in layer objects that carry exactly the attributes those methods
+   read (constructing real layers needs CUDA for several backends and TP groups
+   for MLA), then the runner's ``customize_attention_spec`` and ``is_draft`` tag
+   (``GPUModelRunner.get_kv_cache_spec``);
+2. layout: ``get_supported_kv_cache_layouts`` over the real backend classes, then
+   ``resolve_kv_cache_layout`` with ``VLLM_KV_CACHE_LAYOUT`` set from the case;
+3. groups and placement: ``get_global_kv_cache_groups`` (-> ``get_kv_cache_groups``)
+   and ``get_kv_cache_config_from_groups`` with ``num_gpu_blocks_override``
+   (``admission=True``: the engine core's ``get_kv_cache_configs``);
+4. ``prepare_kernel_block_sizes`` with ``AttentionGroup`` objects keyed like the
+   runners' attention-group discovery;
+5. ``allocate_kv_cache(..., device=meta)``: the tensors ``register_kv_caches`` gets;
+6. the metadata-builder pass: the first lines of
+   ``AttentionGroup.create_metadata_builders`` (per-backend
+   ``select_common_block_size``) and the real ``map_kv_caches_to_kernel_blocks``.
+
+``runner`` ("mrv1"/"mrv2") changes only which backend a draft layer runs under
+(``layer_backend_name``): in 0.33.0 both runners build specs, attention groups,
+kernel block sizes and the registered tensors with the same shared functions
+(``v1/worker/utils.py``), which is what is driven here; the runner constructors
+themselves need CUDA.
+
+The result is plain data with the reference's field meanings. vLLM errors
+(ValueError / AssertionError / NotImplementedError) become ``Observation.error``;
+a backend that cannot load on CPU becomes ``Observation.unsupported``.
+
+Replay one case: ``python -m gpu_impl.vllm_cpu.planning '<case json>' [mrv1|mrv2]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+from gpu_impl.vllm_cpu import shims
+
+VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
+
+
+# --- plain-data results ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupObs:
+    """One ``KVCacheGroupSpec``: its layers and (manager) block size."""
+
+    layer_names: tuple[str, ...]
+    block_size: int
+    spec_type: str
+    """vLLM spec class name (``FullAttentionSpec``, ``UniformTypeKVCacheSpecs``, ...)."""
+
+
+@dataclass(frozen=True)
+class TensorObs:
+    """One ``KVCacheTensor``: byte placement of a run of same-spec layers."""
+
+    size: int
+    layers: tuple[str, ...]
+    layer_stride: int
+    block_stride: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ViewObs:
+    """A registered tensor: torch shape, element strides, dtype and storage offset."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    storage_offset: int
+    storage_nbytes: int
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What vLLM itself computed for one (case, runner)."""
+
+    case_name: str
+    runner: str
+    layer_backends: dict[str, str] = field(default_factory=dict)
+    layout: str | None = None
+    groups: tuple[GroupObs, ...] = ()
+    num_blocks: int | None = None
+    bytes_per_block: int | None = None
+    tensors: tuple[TensorObs, ...] = ()
+    kernel_block_sizes: tuple[int, ...] = ()
+    registered: dict[str, ViewObs] = field(default_factory=dict)
+    bound_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Shapes after ``map_kv_caches_to_kernel_blocks`` (what layers are bound to)."""
+    builder_kernel_block_sizes: dict[str, int] = field(default_factory=dict)
+    """Per attention layer: the block size its metadata builder gets
+    (``create_metadata_builders``' per-backend ``select_common_block_size``)."""
+    cache_block_size: int | None = None
+    """``cache_config.block_size`` after planning (engine core: min over prefix-cacheable groups)."""
+    error: str | None = None
+    """``"ValueError: <message>"`` when vLLM refused the configuration; the fields of
+    the steps before ``error_stage`` are still filled in."""
+    error_stage: str | None = None
+    """Which step raised (specs, layout, groups, placement, kernel_block_sizes, allocate, bind)."""
+    unsupported: str | None = None
+    """Why this driver could not run the case on CPU (never a vLLM verdict)."""
+    shims: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.unsupported is None
+
+    @property
+    def error_message(self) -> str | None:
+        """The error text without the exception type prefix."""
+        if self.error is None:
+            return None
+        return self.error.split(": ", 1)[1] if ": " in self.error else self.error
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False, default=str)
+
+
+class _Failed(Exception):
+    def __init__(self, stage: str, exc: BaseException):
+        super().__init__(stage)
+        self.stage = stage
+        self.exc = exc
+
+
+class _Unsupported(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    try:
+        yield
+    except VLLM_ERRORS as exc:
+        raise _Failed(name, exc) from exc
+
+
+# --- the process-wide VllmConfig ---------------------------------------------------------
+
+_VLLM_CONFIG = None
+
+
+def _vllm_config():
+    """One real ``VllmConfig`` per process (no model), reset per case by ``_configure``."""
+    global _VLLM_CONFIG
+    if _VLLM_CONFIG is None:
+        shims.apply()
+        from vllm.config import CacheConfig, DeviceConfig, VllmConfig
+        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+
+        vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=16))
+        # The engine core registers the built-in spec types before grouping.
+        register_all_kvcache_specs(vc)
+        _VLLM_CONFIG = vc
+    return _VLLM_CONFIG
+
+
+class _ModelConfigStandIn:
+    """The few ``ModelConfig`` answers the driven code reads (no HF config on disk).
+
+    - ``dtype``: the model dtype ("auto" caches use it).
+    - ``get_num_attention_heads`` / ``get_num_kv_heads``: FlashInfer's
+      ``get_supported_kernel_block_sizes`` offers TRT-LLM page sizes only for GQA
+      models on SM100. A case carries no query-head count; like the reference
+      (which assumes GQA), the stand-in reports 4 query heads per KV head.
+    - ``use_mla``: NIXL/Mooncake drop their LBHNC preference for MLA models.
+    - ``hf_text_config`` (no ``attn_logit_softcapping``), ``is_mm_prefix_lm``,
+      ``rswa_window``: FA4's hd256 fallback checks (``_fa4_hd256_fallback_reason``).
+    """
+
+    supports_kv_cache_grouping = False
+    is_mm_prefix_lm = False
+    rswa_window = None
+
+    def __init__(self, case, torch_dtype) -> None:
+        targets = [l for l in case.layers if not l.is_draft and l.kind != "mamba"]
+        first = targets[0] if targets else None
+        self.dtype = torch_dtype
+        self.use_mla = any(l.kind in ("mla", "sliding_window_mla") for l in targets)
+        self.max_model_len = case.max_model_len
+        self.original_max_model_len = case.max_model_len
+        self._kv_heads = 1 if first is None or self.use_mla else first.num_kv_heads
+        self._head_size = first.head_size if first is not None else 128
+        self.is_hybrid = any(l.kind == "mamba" for l in case.layers)
+        self.hf_text_config = SimpleNamespace()
+
+    def get_num_attention_heads(self, parallel_config=None) -> int:
+        return 4 * self._kv_heads
+
+    def get_num_kv_heads(self, parallel_config=None) -> int:
+        return self._kv_heads
+
+    def get_head_size(self) -> int:
+        return self._head_size
+
+
+_CONNECTOR_NAMES = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "offloading": "OffloadingConnector"}
+
+
+@contextlib.contextmanager
+def _configure(case) -> Iterator[Any]:
+    """Reset the shared VllmConfig to the case, set env/capability, and make it current.
+
+    Everything set here is restored on exit (the VllmConfig is reused across cases).
+    """
+    import torch
+    import vllm.envs as envs
+    from vllm.config import KVTransferConfig, set_current_vllm_config
+
+    if case.connector is not None and case.connector not in _CONNECTOR_NAMES:
+        raise _Unsupported(f"connector {case.connector!r} is not driven on CPU")
+    model_dtype = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "float": "float32"}.get(
+        case.model_dtype, case.model_dtype
+    )
+    vc = _vllm_config()
+    cc = vc.cache_config
+    cc.block_size = case.block_size
+    cc.kv_cache_layout = None  # resolve_kv_cache_layout: a set layout would win outright
+    cc.num_gpu_blocks_override = case.num_blocks
+    # MambaModelConfig: mamba_block_size = max_model_len without prefix-caching "align" mode.
+    cc.mamba_block_size = case.mamba_block_size or case.max_model_len
+    cc.mamba_page_size_padded = None
+    cc.skip_page_size_padded = None
+    cc.mamba_cache_mode = "none"
+    # The model-wide --kv-cache-dtype: what the target attention layers use.
+    cc.cache_dtype = next((l.cache_dtype for l in case.layers if not l.is_draft and l.kind != "mamba"), "auto")
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    saved_model_config = vc.model_config
+    saved_transfer = vc.kv_transfer_config
+    saved_env = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
+    try:
+        object.__setattr__(vc, "model_config", _ModelConfigStandIn(case, getattr(torch, model_dtype)))
+        if case.connector is not None:
+            transfer = KVTransferConfig(kv_connector=_CONNECTOR_NAMES[case.connector], kv_role="kv_both")
+            object.__setattr__(vc, "kv_transfer_config", transfer)
+        if hasattr(envs, "disable_envs_cache"):
+            envs.disable_envs_cache()  # envs are read live, per case
+        if case.layout is not None:
+            os.environ["VLLM_KV_CACHE_LAYOUT"] = case.layout
+        with shims.fake_capability(case.capability), set_current_vllm_config(vc):
+            yield vc
+    finally:
+        os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
+        if saved_env is not None:
+            os.environ["VLLM_KV_CACHE_LAYOUT"] = saved_env
+        object.__setattr__(vc, "model_config", saved_model_config)
+        object.__setattr__(vc, "kv_transfer_config", saved_transfer)
+
+
+# --- step 1: per-layer specs ------------------------------------------------------------------
+
+
+def layer_backend_name(case, layer, runner: str) -> str:
+    """Which backend a layer runs under: the case's input semantics.
+
+    ``--attention-backend`` applies to target layers. Drafts take
+    ``speculative_attention_backend`` if given; MRv2's ``load_eagle_model`` keeps the
+    target's ``--attention-backend`` for the draft, while MRv1's
+    ``_create_draft_vllm_config`` auto-selects (the layer's own backend here).
+    """
+    if layer.kind == "mamba":
+        return layer.backend
+    if not layer.is_draft:
+        return case.attention_backend or layer.backend
+    if case.speculative_attention_backend:
+        return case.speculative_attention_backend
+    if runner == "mrv2" and case.attention_backend:
+        return case.attention_backend
+    return layer.backend
+
+
+def _spec_config(vc, case, model_torch_dtype):
+    """What the layers' ``get_kv_cache_spec`` reads from the VllmConfig."""
+    return SimpleNamespace(
+        cache_config=vc.cache_config,
+        model_config=SimpleNamespace(dtype=model_torch_dtype),
+        num_speculative_tokens=0,
+    )
+
+
+def _raw_spec(layer, backend_cls, spec_cfg, model_config):
+    """The layer's own ``get_kv_cache_spec``, run on a stand-in layer object."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+    kind = layer.kind
+    if kind in ("full", "sliding_window"):
+        from vllm.model_executor.layers.attention.attention import Attention
+        from vllm.v1.attention.backend import AttentionType
+
+        stand_in = SimpleNamespace(
+            attn_type=AttentionType.DECODER,
+            kv_cache_dtype=layer.cache_dtype,
+            kv_cache_torch_dtype=kv_cache_dtype_str_to_dtype(layer.cache_dtype, model_config),
+            sliding_window=layer.sliding_window if kind == "sliding_window" else None,
+            attn_backend=backend_cls,
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            head_size_v=layer.head_size_v if layer.head_size_v is not None else layer.head_size,
+        )
+        return Attention.get_kv_cache_spec(stand_in, spec_cfg)
+    if kind in ("mla", "sliding_window_mla"):
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        stand_in = SimpleNamespace(
+            kv_cache_dtype=layer.cache_dtype,
+            head_size=layer.head_size,
+            sliding_window=layer.sliding_window if kind == "sliding_window_mla" else None,
+            topk_buffer_width=None,
+            indexer=None,
+            non_causal_multi_token_decode=False,
+        )
+        return MLAAttention.get_kv_cache_spec(stand_in, spec_cfg)
+    if kind == "mamba":
+        from vllm.model_executor.layers.mamba.abstract import MambaBase
+        from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+        if layer.backend not in shims.MAMBA_BACKENDS:
+            raise _Unsupported(f"layer {layer.name!r}: {layer.backend} is not a state-space backend")
+        dtypes = layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes)
+        import torch
+
+        stand_in = SimpleNamespace(
+            get_state_shape=lambda: tuple(tuple(s) for s in layer.mamba_shapes),
+            get_state_dtype=lambda: tuple(getattr(torch, d) for d in dtypes),
+            mamba_type=MambaAttentionBackendEnum[shims.MAMBA_BACKENDS[layer.backend]],
+            is_kv_cache_tp_replicated=False,
+        )
+        return MambaBase.get_kv_cache_spec(stand_in, spec_cfg)
+    raise _Unsupported(f"layer {layer.name!r}: kind {kind!r} is not driven on CPU yet")
+
+
+def _specs(case, runner, vc):
+    """``{layer: spec}`` as ``GPUModelRunner.get_kv_cache_spec`` returns it, plus backends."""
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    model_config = vc.model_config
+    spec_cfg = _spec_config(vc, case, model_config.dtype)
+    specs: dict[str, Any] = {}
+    backends: dict[str, type] = {}
+    names: dict[str, str] = {}
+    for layer in case.layers:
+        name = layer_backend_name(case, layer, runner)
+        try:
+            cls = shims.backend_class(name)
+        except shims.BackendUnavailable as exc:
+            raise _Unsupported(f"backend class not importable on CPU: {exc}") from None
+        spec = _raw_spec(layer, cls, spec_cfg, model_config)
+        if isinstance(spec, AttentionSpec):
+            spec = customize_attention_spec(cls, spec)
+        if layer.is_draft:
+            spec = replace(spec, is_draft=True)
+        specs[layer.name] = spec
+        backends[layer.name] = cls
+        names[layer.name] = name
+    return specs, backends, names
+
+
+# --- the pipeline --------------------------------------------------------------------------------
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _attention_groups(kv_cache_config, backends):
+    """Attention groups per KV cache group, keyed like the runners' discovery.
+
+    ``GPUModelRunner.initialize_attn_backend`` (MRv1) and ``attn_utils.init_attn_backend``
+    (MRv2) key on (backend class, per-layer spec, num_heads_q); the stand-ins have no
+    query heads, so drafts are kept apart from targets by ``is_draft`` instead.
+    """
+    from vllm.v1.kv_cache_interface import UniformTypeKVCacheSpecs
+    from vllm.v1.worker.utils import AttentionGroup
+
+    out = []
+    for gid, group in enumerate(kv_cache_config.kv_cache_groups):
+        by_key: dict[Any, AttentionGroup] = {}
+        for name in group.layer_names:
+            spec = group.kv_cache_spec
+            if isinstance(spec, UniformTypeKVCacheSpecs):
+                spec = spec.kv_cache_specs[name]
+            backend = backends[name]
+            key = (backend.full_cls_name(), spec, spec.is_draft)
+            if key in by_key:
+                by_key[key].layer_names.append(name)
+            else:
+                by_key[key] = AttentionGroup(backend, [name], spec, gid)
+        out.append(list(by_key.values()))
+    return out
+
+
+def _metadata_builder_pass(attn_groups, kernel_block_sizes) -> dict[str, int]:
+    """The kernel-size lines of ``AttentionGroup.create_metadata_builders``.
+
+    Real builders need CUDA (and MLA builders real layers), so only the part that
+    decides ``kernel_block_size`` runs, verbatim: a packed group's backend may still
+    ask for smaller blocks than the group was split into. Returns, per attention
+    layer, the block size its builder's spec gets (``copy_with_new_block_size``).
+    MRv1's drafter (``drafter.initialize_attn_backend``) and MRv2's speculator run
+    the same pass over their own groups of the draft layers, with the same inputs.
+    """
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    from vllm.v1.worker.utils import select_common_block_size
+
+    per_layer: dict[str, int] = {}
+    for gid, groups in enumerate(attn_groups):
+        kbs = kernel_block_sizes[gid] if gid < len(kernel_block_sizes) else None
+        for group in groups:
+            spec = group.kv_cache_spec
+            if kbs is not None and isinstance(spec, AttentionSpec):
+                k = select_common_block_size(kbs, [group.backend], [spec])
+                if k != spec.block_size:
+                    group.kernel_block_size = k
+                per_layer.update(dict.fromkeys(group.layer_names, k))
+    return per_layer
+
+
+def _cache_block_size(kv_cache_config) -> int:
+    """``EngineCore._initialize_kv_caches``: the scheduler's block size after planning."""
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
+    groups = generate_scheduler_kv_cache_config([kv_cache_config]).kv_cache_groups
+    participating = [g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable]
+    return min(participating if participating else [g.kv_cache_spec.block_size for g in groups])
+
+
+def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
+    """Fill ``result`` step by step (what succeeded stays there when a later step fails)."""
+    import torch
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core import kv_cache_planning as planning
+    from vllm.v1.worker.utils import allocate_kv_cache, map_kv_caches_to_kernel_blocks, prepare_kernel_block_sizes
+
+    with _configure(case) as vc:
+        with _stage("specs"):
+            specs, backends, names = _specs(case, runner, vc)
+        result["layer_backends"] = names
+        with _stage("layout"):
+            distinct = list({cls.full_cls_name(): cls for cls in backends.values()}.values())
+            supported = [layout.name for layout in get_supported_kv_cache_layouts(distinct)]
+            layout = resolve_kv_cache_layout(vc, [supported], list(specs.values()))
+        result["layout"] = layout.name
+        with _stage("groups"):
+            # The engine core's entry point: merges the workers' specs, checks the
+            # spec registry, tags SW extra_retained_tokens, then the default
+            # builder's get_kv_cache_groups and _check_exact_partition.
+            groups = planning.get_global_kv_cache_groups(vc, [specs])
+        with _stage("placement"):
+            bytes_per_block = planning._pool_bytes_per_block(vc, groups)
+            if case.num_blocks is not None:
+                # get_kv_cache_configs: an override replaces the profiled memory.
+                available = case.num_blocks * bytes_per_block
+            else:
+                available = case.kv_cache_memory_bytes
+            if admission:
+                # The engine core's full path: null-block reservation, the
+                # max-model-len admission check, num_gpu_blocks_override.
+                (kv_cache_config,) = planning.get_kv_cache_configs(vc, [specs], [available], groups)
+            else:
+                # get_kv_cache_configs reserves the null block and refuses when
+                # nothing is left; the max-model-len half of the check is skipped
+                # (the reference does not model admission).
+                planning._check_enough_kv_cache_memory(
+                    available - bytes_per_block, lambda: 0, vc.model_config.max_model_len, lambda _: 0
+                )
+                kv_cache_config = planning.get_kv_cache_config_from_groups(vc, groups, available)
+        result.update(
+            groups=tuple(
+                GroupObs(tuple(g.layer_names), g.kv_cache_spec.block_size, type(g.kv_cache_spec).__name__)
+                for g in kv_cache_config.kv_cache_groups
+            ),
+            num_blocks=kv_cache_config.num_blocks,
+            bytes_per_block=bytes_per_block,
+            tensors=tuple(
+                TensorObs(t.size, tuple(t.layers), t.layer_stride, t.block_stride, t.offset)
+                for t in kv_cache_config.kv_cache_tensors
+            ),
+        )
+        with _stage("kernel_block_sizes"):
+            attn_groups = _attention_groups(kv_cache_config, backends)
+            kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)
+        result["kernel_block_sizes"] = tuple(kernel_block_sizes)
+        with _stage("allocate"):
+            kv_caches = allocate_kv_cache(kv_cache_config, torch.device("meta"), layout, kernel_block_sizes)
+        result["registered"] = {
+            name: ViewObs(
+                tuple(t.shape),
+                tuple(t.stride()),
+                _dtype_name(t.dtype),
+                t.storage_offset(),
+                t.untyped_storage().nbytes(),
+            )
+            for name, t in kv_caches.items()
+        }
+        if kv_cache_config.kv_cache_groups:
+            result["cache_block_size"] = _cache_block_size(kv_cache_config)
+        with _stage("bind"):
+            result["builder_kernel_block_sizes"] = _metadata_builder_pass(attn_groups, kernel_block_sizes)
+            bound = map_kv_caches_to_kernel_blocks(kv_caches, (g for gs in attn_groups for g in gs))
+        result["bound_shapes"] = {name: tuple(t.shape) for name, t in bound.items()}
+
+
+def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observation:
+    """Run vLLM's own layout pipeline for ``case``; never raises for vLLM refusals.
+
+    ``admission=True`` plans through the engine core's ``get_kv_cache_configs``
+    (which also refuses a pool too small for one ``max_model_len`` request); the
+    default plans with ``get_kv_cache_config_from_groups`` and only keeps its
+    "no memory left after the null block" check.
+    """
+    if runner not in ("mrv1", "mrv2"):
+        raise ValueError(f"runner {runner!r} is not one of mrv1, mrv2")
+    applied = tuple(shims.apply())
+    if case.generation != 2:
+        return Observation(case.name, runner, unsupported="generation-1 cases need a pre-0.30 vLLM", shims=applied)
+    partial: dict[str, Any] = {}
+    try:
+        _run(case, runner, admission, partial)
+    except _Unsupported as exc:
+        return Observation(case.name, runner, unsupported=str(exc), shims=applied)
+    except _Failed as failed:
+        exc = failed.exc
+        message = str(exc) if str(exc) else repr(exc)
+        # The steps before the failing one stay in the Observation, for diagnosis.
+        return Observation(
+            case.name,
+            runner,
+            error=f"{type(exc).__name__}: {message}",
+            error_stage=failed.stage,
+            shims=applied,
+            **partial,
+        )
+    return Observation(case.name, runner, shims=applied, **partial)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gpu_impl.vllm_cpu.planning '<case json>' [mrv1|mrv2]``: print the Observation."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(main.__doc__)
+        return 2
+    from reference.config import CaseConfig
+
+    text = argv[0]
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as fh:
+            text = fh.read()
+    case = CaseConfig.from_json(text)
+    runner = argv[1] if len(argv) > 1 else "mrv1"
+    obs = observe(case, runner)
+    print(obs.to_json())
+    return 0 if obs.unsupported is None else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,265 @@
+"""The CPU shim set that lets vLLM 0.33.0's KV-cache layout code run without a GPU.
+
+Everything the driver calls is vLLM's own code; this module only patches the few
+process-global things that assume CUDA (see shared/research/feasibility-cpu.md,
+"The complete shim set"). ``apply()`` is idempotent and must run before the first
+``import vllm`` for the environment variables to take effect; ``applied_shims()``
+returns the list of what was applied, for report metadata.
+
+Importing this module does not import vLLM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import warnings
+from typing import Iterator
+
+# Environment set before ``import vllm`` (setdefault: an explicit user value wins,
+# except VLLM_TARGET_DEVICE and VLLM_KV_CACHE_LAYOUT, which the driver owns).
+_ENV_DEFAULTS = {
+    "HF_HUB_OFFLINE": "1",  # no network: ModelConfig / transformers never download
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",  # keep "Using X KV cache layout" info lines out of test output
+}
+# "cpu" would select vLLM's CpuPlatform (different defaults: block size 128, CPU
+# attention backends). The driver models a *virtual CUDA target* on vLLM's
+# UnspecifiedPlatform with a faked compute capability, so pin the default "cuda":
+# the CUDA plugin then fails to load libcuda and vLLM falls back to Unspecified.
+_FORCED_ENV = {"VLLM_TARGET_DEVICE": "cuda"}
+
+_lock = threading.Lock()
+_applied: list[str] = []
+_done = False
+_env_done = False
+_capability: tuple[int, int] = (9, 0)
+
+
+def applied_shims() -> list[str]:
+    """What ``apply()`` did, one line per shim (empty before ``apply()``)."""
+    return list(_applied)
+
+
+def current_capability() -> tuple[int, int]:
+    return _capability
+
+
+def set_capability(capability: tuple[int, int]) -> None:
+    """Make ``current_platform.get_device_capability()`` report ``capability``."""
+    global _capability
+    _capability = (int(capability[0]), int(capability[1]))
+
+
+@contextlib.contextmanager
+def fake_capability(capability: tuple[int, int]) -> Iterator[None]:
+    """Temporarily report ``capability`` (SM90 = (9, 0), SM100 = (10, 0))."""
+    previous = _capability
+    set_capability(capability)
+    try:
+        yield
+    finally:
+        set_capability(previous)
+
+
+def prepare_env() -> None:
+    """Set the environment variables vLLM reads at import time (idempotent).
+
+    Call this before anything imports vLLM (``apply()`` calls it too); it does not
+    import vLLM itself, so a test session can set it up and then ``importorskip``.
+    """
+    global _env_done
+    with _lock:
+        if _env_done:
+            return
+        _set_env()
+        _env_done = True
+
+
+def _set_env() -> None:
+    already = "vllm" in sys.modules
+    for key, value in _ENV_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    for key, value in _FORCED_ENV.items():
+        os.environ[key] = value
+    # The layout is a per-case input; a stray value would silently change every case.
+    os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
+    note = " (vllm was already imported: they may not have taken effect)" if already else ""
+    names = ", ".join(f"{k}={os.environ[k]}" for k in (*_ENV_DEFAULTS, *_FORCED_ENV))
+    _applied.append(f"env before import vllm: {names}; VLLM_KV_CACHE_LAYOUT unset{note}")
+
+
+def _patch_platform() -> None:
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import DeviceCapability
+
+    cls = type(current_platform)
+    _applied.append(f"platform: {cls.__module__}.{cls.__qualname__} (device_type={current_platform.device_type!r})")
+
+    # UnspecifiedPlatform says False, so VllmConfig would set
+    # disable_hybrid_kv_cache_manager=True and silently unify SWA into full attention.
+    cls.support_hybrid_kv_cache = classmethod(lambda c: True)
+    _applied.append(f"{cls.__name__}.support_hybrid_kv_cache -> True (before any VllmConfig)")
+
+    # Backends read the capability (FlashInfer's SM10x layouts and TRT-LLM page sizes).
+    cls.get_device_capability = classmethod(
+        lambda c, device_id=0: DeviceCapability(*_capability)
+    )
+    _applied.append(
+        f"{cls.__name__}.get_device_capability -> the case's capability (virtual SM target; default {_capability})"
+    )
+
+
+def _patch_flashinfer_artifactory() -> None:
+    # supports_trtllm_attention() probes NVIDIA's artifactory over the network (5 s
+    # timeout). The virtual SM100 target is modelled as a machine that has the
+    # TRT-LLM cubins, which is what real SM100 deployments have.
+    try:
+        import vllm.utils.flashinfer as fi_utils
+    except Exception as exc:  # pragma: no cover - depends on the install
+        _applied.append(f"vllm.utils.flashinfer not importable ({type(exc).__name__}); artifactory shim skipped")
+        return
+    fi_utils.has_nvidia_artifactory = lambda: True
+    _applied.append("vllm.utils.flashinfer.has_nvidia_artifactory -> True (no network; TRT-LLM cubins assumed present)")
+
+
+def _patch_pin_memory() -> None:
+    # Computed at import time; UnspecifiedPlatform reports True and pinning needs CUDA.
+    patched = []
+    for name in ("vllm.utils.torch_utils", "vllm.v1.utils"):
+        try:
+            module = __import__(name, fromlist=["PIN_MEMORY"])
+        except Exception:  # pragma: no cover
+            continue
+        if hasattr(module, "PIN_MEMORY"):
+            module.PIN_MEMORY = False
+            patched.append(name)
+    _applied.append(f"PIN_MEMORY=False in {', '.join(patched)}")
+
+
+def apply() -> list[str]:
+    """Apply the whole shim set once per process; returns ``applied_shims()``."""
+    global _done
+    with _lock:
+        if _done:
+            return applied_shims()
+    prepare_env()
+    with _lock:
+        if _done:
+            return applied_shims()
+        import vllm  # noqa: F401  (after the env vars)
+
+        _patch_platform()
+        _patch_flashinfer_artifactory()
+        _patch_pin_memory()
+        _applied.append(
+            "backend import shims, only while the class loads: CUTLASS_MLA (cuda workspace -> meta, "
+            "num_compute_units -> 132), FLASH_ATTN_MLA (fa_utils kernel symbols -> None)"
+        )
+        _done = True
+        return applied_shims()
+
+
+# --- backend classes ------------------------------------------------------------------
+
+
+class BackendUnavailable(Exception):
+    """A backend class that cannot be imported on this CPU machine (with a reason)."""
+
+
+_backend_cache: dict[str, object] = {}
+
+# The reference's names for the state-space backends -> vLLM's MambaAttentionBackendEnum.
+MAMBA_BACKENDS = {
+    "MAMBA1_ATTN": "MAMBA1",
+    "MAMBA2_ATTN": "MAMBA2",
+    "GDN_ATTN": "GDN_ATTN",
+    "SHORT_CONV_ATTN": "SHORT_CONV",
+    "LINEAR_ATTN": "LINEAR",
+}
+
+
+@contextlib.contextmanager
+def _cutlass_mla_import() -> Iterator[None]:
+    """``cutlass_mla`` allocates a 128 MiB CUDA workspace at import time."""
+    import torch
+    import vllm.utils.platform_utils as pu
+
+    real_empty = torch.empty
+    real_units = pu.num_compute_units
+
+    def empty(*args, **kwargs):
+        device = kwargs.get("device")
+        if device is not None and str(device).startswith("cuda"):
+            kwargs["device"] = "meta"
+        return real_empty(*args, **kwargs)
+
+    torch.empty = empty
+    pu.num_compute_units = lambda *a, **k: 132
+    try:
+        yield
+    finally:
+        torch.empty = real_empty
+        pu.num_compute_units = real_units
+
+
+@contextlib.contextmanager
+def _flash_attn_mla_import() -> Iterator[None]:
+    """``fa_utils`` defines the kernel entry points only when ``is_cuda()``."""
+    import vllm.v1.attention.backends.fa_utils as fa_utils
+
+    for symbol in ("flash_attn_varlen_func", "get_scheduler_metadata"):
+        if not hasattr(fa_utils, symbol):
+            setattr(fa_utils, symbol, None)
+    yield
+
+
+_IMPORT_SHIMS = {"CUTLASS_MLA": _cutlass_mla_import, "FLASH_ATTN_MLA": _flash_attn_mla_import}
+
+
+def backend_class(name: str):
+    """The real vLLM backend class for a reference backend name.
+
+    Attention backends come from ``AttentionBackendEnum[name].get_class()``, state-space
+    ones from ``MambaAttentionBackendEnum``. Raises ``BackendUnavailable`` (with the
+    import error) when the class cannot load on this machine.
+    """
+    apply()
+    if name in _backend_cache:
+        cached = _backend_cache[name]
+        if isinstance(cached, BackendUnavailable):
+            raise cached
+        return cached
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
+
+    try:
+        if name in MAMBA_BACKENDS:
+            member = MambaAttentionBackendEnum[MAMBA_BACKENDS[name]]
+        else:
+            member = AttentionBackendEnum[name]
+        shim = _IMPORT_SHIMS.get(name, contextlib.nullcontext)
+        # flashinfer/cutlass emit dozens of DeprecationWarnings at import: not ours.
+        with shim(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            cls = member.get_class()
+    except Exception as exc:  # ImportError, RuntimeError("Found no NVIDIA driver"), KeyError
+        error = BackendUnavailable(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        _backend_cache[name] = error
+        raise error from None
+    _backend_cache[name] = cls
+    return cls
+
+
+__all__ = [
+    "BackendUnavailable",
+    "MAMBA_BACKENDS",
+    "applied_shims",
+    "apply",
+    "backend_class",
+    "current_capability",
+    "fake_capability",
+    "prepare_env",
+    "set_capability",
+]

@@ -1,0 +1,69 @@
+"""The CPU driver itself: shims, unsupported backends, error capture and the replay CLI."""
+
+from __future__ import annotations
+
+import json
+
+from gpu_impl.vllm_cpu import planning, shims
+from reference.config import CaseConfig, LayerConfig, uniform_layers
+
+
+def _case(**kw) -> CaseConfig:
+    kw.setdefault("layers", uniform_layers(2, backend="FLASH_ATTN", num_kv_heads=2, head_size=64))
+    kw.setdefault("name", "driver")
+    kw.setdefault("num_blocks", 4)
+    return CaseConfig(**kw)
+
+
+def test_shims_are_idempotent_and_listed():
+    first = shims.apply()
+    assert shims.apply() == first
+    text = "\n".join(first)
+    for needle in ("support_hybrid_kv_cache", "get_device_capability", "PIN_MEMORY", "CUTLASS_MLA", "HF_HUB_OFFLINE"):
+        assert needle in text
+    from vllm.platforms import current_platform
+
+    with shims.fake_capability((10, 0)):
+        assert current_platform.get_device_capability().major == 10
+    assert current_platform.get_device_capability().major == shims.current_capability()[0]
+    assert current_platform.support_hybrid_kv_cache()
+
+
+def test_unimportable_backend_is_unsupported_not_a_crash():
+    # NO_ATTENTION's module does not exist in vLLM 0.33.0.
+    case = _case(layers=(LayerConfig(name="model.layers.0.self_attn.attn", backend="NO_ATTENTION"),))
+    obs = planning.observe(case)
+    assert obs.unsupported is not None and "NO_ATTENTION" in obs.unsupported
+    assert obs.error is None
+    unknown = planning.observe(_case(layers=(LayerConfig(name="l0", backend="NOT_A_BACKEND"),)))
+    assert unknown.unsupported is not None
+
+
+def test_vllm_errors_are_captured_with_their_stage():
+    obs = planning.observe(_case(block_size=8))  # FLASH_ATTN takes multiples of 16 only
+    assert obs.error is not None and obs.error.startswith("ValueError: No common block size for 8")
+    assert obs.error_stage == "kernel_block_sizes"
+    # The steps before the failing one are kept for diagnosis; later ones are empty.
+    assert obs.layout == "LBNHC" and obs.num_blocks == 4
+    assert obs.kernel_block_sizes == () and obs.registered == {}
+
+
+def test_case_state_does_not_leak_between_observations():
+    import os
+
+    packed = planning.observe(_case(layout="BLHNC"))
+    plain = planning.observe(_case())
+    assert packed.layout == "BLHNC" and plain.layout == "LBNHC"
+    assert "VLLM_KV_CACHE_LAYOUT" not in os.environ
+    sm100 = planning.observe(_case(layers=uniform_layers(1, backend="FLASHINFER", num_kv_heads=2), capability=(10, 0)))
+    assert sm100.layout == "LBHNC"
+    assert shims.current_capability() == (9, 0)
+
+
+def test_replay_cli_prints_the_observation(capsys):
+    case = _case(block_size=32)
+    assert planning.main([case.to_json(), "mrv2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["case_name"] == "driver" and out["runner"] == "mrv2"
+    assert out["kernel_block_sizes"] == [32]
+    assert set(out["registered"]) == {layer.name for layer in case.layers}
