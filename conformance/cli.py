@@ -95,9 +95,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     cases = _select_cases(args.case)
     if not args.reference_only:
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
             raise NothingRan(
                 "vLLM is not installed, so there is nothing to check against; install it with "
                 "`pip install 'kvconform[vllm]'` or pass --reference-only for the reference's own report"

@@ -58,6 +58,9 @@ def _environment() -> dict[str, Any]:
 
 def run_against_vllm(cases: Sequence[CaseConfig], *, json_target: str | None, quiet: bool) -> int:
     """Observe, compare and print; returns the CLI exit code (0 conformant, 1 divergent, 5 nothing ran)."""
+    from gpu_impl.vllm_cpu import shims
+
+    shims.prepare_env()  # before anything imports torch or vllm
     from gpu_impl.vllm_cpu.planning import observe
 
     started = time.time()

@@ -23,7 +23,8 @@ from typing import Iterator
 _ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",  # no network: ModelConfig / transformers never download
     "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",  # keep "Using X KV cache layout" info lines out of test output
+    "VLLM_LOGGING_LEVEL": "ERROR",  # vLLM's own info/warning lines would drown kvconform's report
+    "TORCH_CPP_LOG_LEVEL": "ERROR",  # torch's deprecation warnings on import, likewise
 }
 # "cpu" would select vLLM's CpuPlatform (different defaults: block size 128, CPU
 # attention backends). The driver models a *virtual CUDA target* on vLLM's
@@ -79,6 +80,10 @@ def prepare_env() -> None:
 
 
 def _set_env() -> None:
+    import logging
+
+    # torch logs import-time deprecation warnings through the "torch" logger.
+    logging.getLogger("torch").setLevel(logging.ERROR)
     already = "vllm" in sys.modules
     for key, value in _ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
