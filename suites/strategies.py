@@ -7,7 +7,8 @@ Imports hypothesis lazily at call time so the reference never depends on it.
 
 from __future__ import annotations
 
-from typing import Any
+import random
+from typing import Any, Callable, Sequence
 
 from reference.config import CaseConfig, LayerConfig
 
@@ -22,58 +23,74 @@ GQA_BACKENDS: tuple[tuple[str, tuple[int, ...]], ...] = (
 MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "FLASHINFER_MLA")
 
 
+def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4) -> CaseConfig:
+    """One valid case from two choice functions, so hypothesis and a seeded RNG share it.
+
+    ``pick(options)`` returns one of ``options``; ``integer(lo, hi)`` an int in ``[lo, hi]``.
+    Options are listed simplest first, so hypothesis shrinks towards readable cases.
+    """
+    family = pick(("dense", "swa_hybrid", "mla_draft", "mamba_hybrid"))
+    block_size = pick((16, 32, 64, 128, 256))
+    backend, heads = pick(GQA_BACKENDS)
+    head_size = pick(heads)
+    kv_heads = pick((1, 2, 4))
+    cache_dtype = pick(("auto", "fp8") if backend != "FLEX_ATTENTION" else ("auto",))
+    n = integer(1, max_layers)
+    layers: list[LayerConfig] = [
+        LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=kv_heads, head_size=head_size, cache_dtype=cache_dtype)
+        for i in range(n)
+    ]
+    if family == "mla_draft":
+        mla_backend = pick(MLA_BACKENDS)
+        layers = [LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576) for i in range(n)]
+        layers.append(LayerConfig("draft.layers.0.attn", backend=backend, num_kv_heads=kv_heads, head_size=head_size, is_draft=True))
+    elif family == "swa_hybrid":
+        sw_heads = pick((1, 2, 4))
+        window = pick((64, 512))
+        layers += [
+            LayerConfig(
+                f"model.layers.{n + i}.self_attn.attn",
+                kind="sliding_window",
+                backend=backend,
+                num_kv_heads=sw_heads,
+                head_size=head_size,
+                sliding_window=window,
+            )
+            for i in range(integer(1, max_layers))
+        ]
+    elif family == "mamba_hybrid":
+        layers += [
+            LayerConfig(f"model.layers.{n + i}.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 32), (4, 16, 8)))
+            for i in range(integer(1, max_layers))
+        ]
+    layout = pick((None,) + LAYOUTS)
+    return CaseConfig(
+        name=f"{name}-{family}",
+        layers=tuple(layers),
+        block_size=block_size,
+        num_blocks=integer(2, max_blocks),
+        layout=layout,
+        mamba_block_size=block_size if family == "mamba_hybrid" else None,
+    )
+
+
 def cases(*, max_layers: int = 4, max_blocks: int = 4) -> Any:
-    """A strategy of valid ``CaseConfig`` objects mixing the main model families."""
+    """A hypothesis strategy of valid ``CaseConfig`` objects mixing the main model families."""
     from hypothesis import strategies as st
 
     @st.composite
     def build(draw: Any) -> CaseConfig:
-        family = draw(st.sampled_from(("dense", "swa_hybrid", "mla_draft", "mamba_hybrid")))
-        block_size = draw(st.sampled_from((16, 32, 64, 128, 256)))
-        backend, heads = draw(st.sampled_from(GQA_BACKENDS))
-        head_size = draw(st.sampled_from(heads))
-        kv_heads = draw(st.sampled_from((1, 2, 4)))
-        cache_dtype = draw(st.sampled_from(("auto", "fp8") if backend != "FLEX_ATTENTION" else ("auto",)))
-        n = draw(st.integers(1, max_layers))
-        layers: list[LayerConfig] = [
-            LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=kv_heads, head_size=head_size, cache_dtype=cache_dtype)
-            for i in range(n)
-        ]
-        if family == "mla_draft":
-            mla_backend = draw(st.sampled_from(MLA_BACKENDS))
-            layers = [
-                LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576)
-                for i in range(n)
-            ]
-            layers.append(
-                LayerConfig("draft.layers.0.attn", backend=backend, num_kv_heads=kv_heads, head_size=head_size, is_draft=True)
-            )
-        elif family == "swa_hybrid":
-            sw_heads = draw(st.sampled_from((1, 2, 4)))
-            layers += [
-                LayerConfig(
-                    f"model.layers.{n + i}.self_attn.attn",
-                    kind="sliding_window",
-                    backend=backend,
-                    num_kv_heads=sw_heads,
-                    head_size=head_size,
-                    sliding_window=draw(st.sampled_from((64, 512))),
-                )
-                for i in range(draw(st.integers(1, max_layers)))
-            ]
-        elif family == "mamba_hybrid":
-            layers += [
-                LayerConfig(f"model.layers.{n + i}.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 32), (4, 16, 8)))
-                for i in range(draw(st.integers(1, max_layers)))
-            ]
-        layout = draw(st.sampled_from((None,) + LAYOUTS))
-        return CaseConfig(
-            name=f"random-{family}",
-            layers=tuple(layers),
-            block_size=block_size,
-            num_blocks=draw(st.integers(1, max_blocks)),
-            layout=layout,
-            mamba_block_size=block_size if family == "mamba_hybrid" else None,
+        return build_case(
+            lambda options: draw(st.sampled_from(options)),
+            lambda lo, hi: draw(st.integers(lo, hi)),
+            max_layers=max_layers,
+            max_blocks=max_blocks,
         )
 
     return build()
+
+
+def sample_cases(seed: int, count: int, **limits: int) -> list[CaseConfig]:
+    """``count`` cases from a seeded RNG: the same list on every machine and xdist worker."""
+    rng = random.Random(seed)
+    return [build_case(rng.choice, rng.randint, name=f"random-s{seed}-{i}", **limits) for i in range(count)]
