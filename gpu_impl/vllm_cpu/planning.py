@@ -268,22 +268,15 @@ def _configure(case) -> Iterator[Any]:
 
 
 def layer_backend_name(case, layer, runner: str) -> str:
-    """Which backend a layer runs under: the case's input semantics.
+    """Which backend a layer runs under: part of the case's meaning, not an observation.
 
-    ``--attention-backend`` applies to target layers. Drafts take
-    ``speculative_attention_backend`` if given; MRv2's ``load_eagle_model`` keeps the
-    target's ``--attention-backend`` for the draft, while MRv1's
-    ``_create_draft_vllm_config`` auto-selects (the layer's own backend here).
+    The CPU driver does not run MRv1's ``_create_draft_vllm_config`` or MRv2's
+    ``load_eagle_model`` (they need a loaded draft model), so it takes the mapping from
+    the one place that defines it; the GPU path observes the real draft backends.
     """
-    if layer.kind == "mamba":
-        return layer.backend
-    if not layer.is_draft:
-        return case.attention_backend or layer.backend
-    if case.speculative_attention_backend:
-        return case.speculative_attention_backend
-    if runner == "mrv2" and case.attention_backend:
-        return case.attention_backend
-    return layer.backend
+    from reference.derive import layer_backend
+
+    return layer_backend(case, layer, runner)
 
 
 def _spec_config(vc, case, model_torch_dtype):
