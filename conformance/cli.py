@@ -90,12 +90,27 @@ def _write_json(payload: dict[str, Any], target: str | None) -> None:
         Path(target).write_text(text + "\n")
 
 
+def _load_expectations(args: argparse.Namespace):
+    """The known divergences for ``run``: --expectations FILE, the shipped file, or none."""
+    from conformance.expectations import DEFAULT_PATH, ExpectationsError, load
+
+    if args.no_expectations:
+        return (), None
+    path = args.expectations or DEFAULT_PATH
+    try:
+        return load(path), str(path)
+    except ExpectationsError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from conformance.summary import reference_outcome, runner_differences
 
     cases = _select_cases(args.case)
     if not args.reference_only:
         import importlib.util
+
+        expectations, source = _load_expectations(args)  # a bad file is a usage error, vLLM or not
 
         if importlib.util.find_spec("vllm") is None:
             raise NothingRan(
@@ -104,7 +119,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ) from None
         from conformance.vllm_run import run_against_vllm
 
-        return run_against_vllm(cases, json_target=args.json, quiet=args.json == "-")
+        return run_against_vllm(
+            cases, json_target=args.json, quiet=args.json == "-", expectations=expectations, expectations_source=source
+        )
     results = []
     quiet = args.json == "-"
     for case in cases:
@@ -140,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
     p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    p.add_argument(
+        "--expectations",
+        metavar="FILE",
+        help="known divergences (TOML; default: the shipped conformance/expectations.toml)",
+    )
+    p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
     p.set_defaults(func=_cmd_run)
     return parser
 

@@ -2,14 +2,26 @@
 
 The observation is any object with the attributes of ``gpu_impl.vllm_cpu.Observation``
 (layout, groups, num_blocks, bytes_per_block, tensors, kernel_block_sizes, registered,
-error, unsupported); the reference side is a ``reference.derive.Derivation`` or the
-StartupError it predicts.
+builder_kernel_block_sizes, cache_block_size, error, unsupported); the reference side is
+a ``reference.derive.Derivation`` or the StartupError it predicts.
+
+Two entry points:
+
+- ``compare(case, runner, observation)``: the reference against one runner;
+- ``compare_runners(case, mrv1, mrv2)``: two observations of the same case against each
+  other (kind ``mrv1_mrv2_mismatch``), independent of the reference: what a connector or
+  kernel would see differently between the model runners, even where the reference has
+  no opinion (or is wrong the same way for both).
+
+Every divergence has a ``kind`` from ``KINDS``. A registered view whose shape differs is
+reported once, as ``registered_shape``: strides of differently shaped tensors cannot be
+compared axis by axis, so its stride is only compared when the shapes agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from reference.config import CaseConfig
 from reference.derive import Derivation, derive
@@ -23,17 +35,47 @@ KINDS = (
     "bytes_per_block",
     "tensor_placement",
     "kernel_block_size",
+    "builder_kernel_block_size",
+    "draft_kernel_block_size",
+    "connector_kernel_block_size",
+    "cache_block_size",
     "registered_names",
     "registered_shape",
     "registered_stride",
     "registered_dtype",
     "registered_offset",
+    "registered_storage",
+    "mrv1_mrv2_mismatch",
 )
+"""Every divergence kind, roughly in pipeline order (root causes before their views).
+
+- ``startup_error``: one side refuses the configuration and the other does not.
+- ``layout``: the resolved ``KVCacheLayout``.
+- ``groups``: KV cache groups (layer names and manager block size, in order).
+- ``num_blocks`` / ``bytes_per_block``: the pool's block count and bytes per block.
+- ``tensor_placement``: the ``KVCacheTensor`` list (layers, size, strides, offset).
+- ``kernel_block_size``: per-group kernel block sizes (``prepare_kernel_block_sizes``).
+- ``builder_kernel_block_size`` / ``draft_kernel_block_size``: the block size each target /
+  draft (Eagle/MTP) layer's metadata builder and block table use
+  (``create_metadata_builders``' ``select_common_block_size``).
+- ``connector_kernel_block_size``: NIXL/Mooncake's ``_sync_block_size_with_kernel``; only
+  compared when the observation carries a ``connector_kernel_block_size`` attribute.
+- ``cache_block_size``: ``cache_config.block_size`` after planning.
+- ``registered_*``: the tensors ``register_kv_caches`` gets: which layers, and per layer
+  shape, element strides, dtype, storage offset (elements) and storage size (bytes).
+- ``mrv1_mrv2_mismatch``: from ``compare_runners`` only.
+"""
+
+RUNNER_PAIR = "mrv1/mrv2"
 
 
 @dataclass(frozen=True)
 class Divergence:
-    """One way vLLM did something other than the reference predicts."""
+    """One way vLLM did something other than the reference predicts.
+
+    For ``mrv1_mrv2_mismatch`` the runner is ``"mrv1/mrv2"``, ``expected`` is what MRv1
+    showed and ``observed`` what MRv2 showed.
+    """
 
     kind: str
     case: str
@@ -44,7 +86,13 @@ class Divergence:
 
     @property
     def message(self) -> str:
-        return f"{self.case} [{self.runner}] {self.kind}: {self.field} is {self.observed!r}, reference expects {self.expected!r}"
+        """One line: case, runner, kind, field and both values."""
+        if self.kind == "mrv1_mrv2_mismatch":
+            text = f"{self.case} [{self.runner}] {self.kind}: {self.field}: MRv1 {self.expected!r} vs MRv2 {self.observed!r}"
+        else:
+            text = f"{self.case} [{self.runner}] {self.kind}: {self.field} is {self.observed!r}, reference expects {self.expected!r}"
+        # repr() escapes newlines in strings, but an object's own repr may not: keep one line.
+        return " ".join(text.split())
 
 
 @dataclass(frozen=True)
@@ -59,9 +107,77 @@ class Comparison:
     detail: str = ""
 
 
-def _cmp(out: list[Divergence], kind: str, case: str, runner: str, field: str, expected: Any, observed: Any) -> None:
-    if expected != observed:
-        out.append(Divergence(kind, case, runner, field, expected, observed))
+_MISSING = object()
+
+
+class _Collector:
+    """Appends a Divergence for every differing field of one (case, runner)."""
+
+    def __init__(self, case: str, runner: str) -> None:
+        self.case = case
+        self.runner = runner
+        self.out: list[Divergence] = []
+
+    def cmp(self, kind: str, field: str, expected: Any, observed: Any) -> bool:
+        """Record a divergence if the values differ; True when they agree."""
+        if expected != observed:
+            self.out.append(Divergence(kind, self.case, self.runner, field, expected, observed))
+            return False
+        return True
+
+
+def _tensor_rows(tensors: Iterable[Any]) -> dict[tuple[str, ...], tuple[int, int, int, int]]:
+    """KVCacheTensors keyed by their layers (a layer is in exactly one tensor)."""
+    return {tuple(t.layers): (t.size, t.layer_stride, t.block_stride, t.offset) for t in tensors}
+
+
+_TENSOR_FIELDS = ("size", "layer_stride", "block_stride", "offset")
+
+
+def _cmp_tensors(c: _Collector, kind: str, expected: Iterable[Any], observed: Iterable[Any]) -> None:
+    """Per tensor and attribute, so the field names exactly what moved.
+
+    The list order is not compared: it follows the group order (a ``groups`` matter),
+    and where a layer's bytes live does not depend on it.
+    """
+    exp, obs = _tensor_rows(expected), _tensor_rows(observed)
+    if set(exp) != set(obs):
+        # A different partition of the layers into tensors: nothing to pair up.
+        c.cmp(kind, "kv_cache_tensors.layers", sorted(exp), sorted(obs))
+        return
+    for layers, e in exp.items():
+        for attr, ev, ov in zip(_TENSOR_FIELDS, e, obs[layers]):
+            c.cmp(kind, f"kv_cache_tensor[{layers[0]}].{attr}", ev, ov)
+
+
+def _view_tuple(view: Any) -> tuple[tuple[int, ...], tuple[int, ...], str, int, int | None]:
+    nbytes = getattr(view, "storage_nbytes", None)
+    return tuple(view.shape), tuple(view.stride), view.dtype, view.storage_offset, nbytes
+
+
+def _cmp_views(c: _Collector, expected: Mapping[str, Any], observed: Mapping[str, Any], *, mismatch: bool) -> None:
+    """Registered views: names, then per layer shape/stride/dtype/offset/storage size."""
+
+    def kind(name: str) -> str:
+        return "mrv1_mrv2_mismatch" if mismatch else name
+
+    c.cmp(kind("registered_names"), "registered layers", sorted(expected), sorted(observed))
+    for layer, view in expected.items():
+        other = observed.get(layer)
+        if other is None:
+            continue
+        e_shape, e_stride, e_dtype, e_offset, e_nbytes = _view_tuple(view)
+        o_shape, o_stride, o_dtype, o_offset, o_nbytes = _view_tuple(other)
+        if c.cmp(kind("registered_shape"), f"{layer}.shape", e_shape, o_shape):
+            c.cmp(kind("registered_stride"), f"{layer}.stride", e_stride, o_stride)
+        c.cmp(kind("registered_dtype"), f"{layer}.dtype", e_dtype, o_dtype)
+        c.cmp(kind("registered_offset"), f"{layer}.storage_offset", e_offset, o_offset)
+        if e_nbytes is not None and o_nbytes is not None:
+            c.cmp(kind("registered_storage"), f"{layer}.storage_nbytes", e_nbytes, o_nbytes)
+
+
+def _draft_layers(case: CaseConfig) -> set[str]:
+    return {layer.name for layer in case.layers if layer.is_draft}
 
 
 def compare(case: CaseConfig, runner: str, observation: Any) -> Comparison:
@@ -77,34 +193,113 @@ def compare(case: CaseConfig, runner: str, observation: Any) -> Comparison:
         return Comparison(case, runner, "not_modeled", detail=str(exc))
     except ConfigError as exc:
         return Comparison(case, runner, "not_modeled", detail=f"invalid case: {exc}")
-    out: list[Divergence] = []
-    name = case.name
+    c = _Collector(case.name, runner)
     observed_error = getattr(observation, "error", None)
     if predicted_error is not None or observed_error is not None:
         if (predicted_error is None) != (observed_error is None):
-            out.append(
-                Divergence("startup_error", name, runner, "error", predicted_error or "(starts)", observed_error or "(starts)")
-            )
-        status = "fail" if out else "pass"
-        return Comparison(case, runner, status, tuple(out), detail=observed_error or "")
+            c.cmp("startup_error", "error", predicted_error or "(starts)", observed_error or "(starts)")
+        status = "fail" if c.out else "pass"
+        return Comparison(case, runner, status, tuple(c.out), detail=observed_error or "")
     assert expected is not None
-    _cmp(out, "layout", name, runner, "layout", expected.layout.name, observation.layout)
+    c.cmp("layout", "layout", expected.layout.name, observation.layout)
     exp_groups = [(tuple(g.layer_names), g.spec.block_size) for g in expected.groups]
     obs_groups = [(tuple(g.layer_names), g.block_size) for g in observation.groups]
-    _cmp(out, "groups", name, runner, "groups", exp_groups, obs_groups)
-    _cmp(out, "num_blocks", name, runner, "num_blocks", expected.num_blocks, observation.num_blocks)
-    _cmp(out, "bytes_per_block", name, runner, "bytes_per_block", expected.plan.bytes_per_block, observation.bytes_per_block)
-    exp_tensors = [(tuple(t.layers), t.size, t.layer_stride, t.block_stride, t.offset) for t in expected.plan.tensors]
-    obs_tensors = [(tuple(t.layers), t.size, t.layer_stride, t.block_stride, t.offset) for t in observation.tensors]
-    _cmp(out, "tensor_placement", name, runner, "kv_cache_tensors", exp_tensors, obs_tensors)
-    _cmp(out, "kernel_block_size", name, runner, "kernel_block_sizes", list(expected.kernel_block_sizes), list(observation.kernel_block_sizes))
-    _cmp(out, "registered_names", name, runner, "registered layers", sorted(expected.registered), sorted(observation.registered))
-    for layer, view in expected.registered.items():
-        obs = observation.registered.get(layer)
-        if obs is None:
-            continue
-        _cmp(out, "registered_shape", name, runner, f"{layer}.shape", view.shape, tuple(obs.shape))
-        _cmp(out, "registered_stride", name, runner, f"{layer}.stride", view.stride, tuple(obs.stride))
-        _cmp(out, "registered_dtype", name, runner, f"{layer}.dtype", view.dtype, obs.dtype)
-        _cmp(out, "registered_offset", name, runner, f"{layer}.storage_offset", view.storage_offset, obs.storage_offset)
-    return Comparison(case, runner, "fail" if out else "pass", tuple(out))
+    c.cmp("groups", "groups", exp_groups, obs_groups)
+    c.cmp("num_blocks", "num_blocks", expected.num_blocks, observation.num_blocks)
+    c.cmp("bytes_per_block", "bytes_per_block", expected.plan.bytes_per_block, observation.bytes_per_block)
+    _cmp_tensors(c, "tensor_placement", expected.plan.tensors, observation.tensors)
+    c.cmp("kernel_block_size", "kernel_block_sizes", list(expected.kernel_block_sizes), list(observation.kernel_block_sizes))
+    drafts = _draft_layers(case)
+    observed_builders = getattr(observation, "builder_kernel_block_sizes", _MISSING)
+    if observed_builders is not _MISSING:
+        # Only drivers that run the metadata-builder pass provide it.
+        observed_builders = observed_builders or {}
+        # Targets and drafts apart: the drafter builds its own attention groups
+        # (MRv1 drafter.initialize_attn_backend, MRv2 speculator), a separate code path.
+        targets = {n: k for n, k in expected.builder_kernel_block_sizes.items() if n not in drafts}
+        c.cmp(
+            "builder_kernel_block_size",
+            "builder_kernel_block_sizes",
+            targets,
+            {n: k for n, k in observed_builders.items() if n not in drafts},
+        )
+        c.cmp(
+            "draft_kernel_block_size",
+            "draft_kernel_block_sizes",
+            # Drafts by the case, not Derivation.draft_kernel_block_sizes: that reads
+            # is_draft from the grouped spec, which a draft merged into its target's
+            # group (same page, same backend) no longer carries.
+            {n: k for n, k in expected.builder_kernel_block_sizes.items() if n in drafts},
+            {n: k for n, k in observed_builders.items() if n in drafts},
+        )
+    observed_connector = getattr(observation, "connector_kernel_block_size", _MISSING)
+    if observed_connector is not _MISSING:
+        # Only drivers that run a connector's _sync_block_size_with_kernel provide it.
+        c.cmp("connector_kernel_block_size", "connector_kernel_block_size", expected.connector_kernel_block_size, observed_connector)
+    observed_cache_block = getattr(observation, "cache_block_size", None)
+    if observed_cache_block is not None:
+        c.cmp("cache_block_size", "cache_block_size", expected.cache_block_size, observed_cache_block)
+    _cmp_views(c, expected.registered, observation.registered, mismatch=False)
+    return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
+
+
+def _case_name(case: CaseConfig | str) -> str:
+    return case if isinstance(case, str) else case.name
+
+
+def compare_runners(case: CaseConfig | str, mrv1: Any, mrv2: Any) -> tuple[Divergence, ...]:
+    """Everything a connector or kernel could see differently between MRv1 and MRv2.
+
+    Both observations are of the same case; no reference is involved, so this also
+    catches what the reference does not model. Nothing is reported when either runner
+    could not be driven (``unsupported``). Each divergence has kind ``mrv1_mrv2_mismatch``,
+    runner ``"mrv1/mrv2"``, ``expected`` = MRv1's value and ``observed`` = MRv2's.
+    """
+    if mrv1 is None or mrv2 is None or getattr(mrv1, "unsupported", None) or getattr(mrv2, "unsupported", None):
+        return ()
+    c = _Collector(_case_name(case), RUNNER_PAIR)
+    kind = "mrv1_mrv2_mismatch"
+    c.cmp(kind, "error", getattr(mrv1, "error", None), getattr(mrv2, "error", None))
+    # The same backend for a layer is an input (layer_backend_name), but a kernel runs it:
+    # a draft running under another backend in one runner is something to see.
+    b1: Mapping[str, str] = getattr(mrv1, "layer_backends", {}) or {}
+    b2: Mapping[str, str] = getattr(mrv2, "layer_backends", {}) or {}
+    for layer in sorted(set(b1) | set(b2)):
+        c.cmp(kind, f"{layer}.backend", b1.get(layer), b2.get(layer))
+    c.cmp(kind, "layout", mrv1.layout, mrv2.layout)
+    c.cmp(
+        kind,
+        "groups",
+        [(tuple(g.layer_names), g.block_size) for g in mrv1.groups],
+        [(tuple(g.layer_names), g.block_size) for g in mrv2.groups],
+    )
+    c.cmp(kind, "num_blocks", mrv1.num_blocks, mrv2.num_blocks)
+    c.cmp(kind, "bytes_per_block", mrv1.bytes_per_block, mrv2.bytes_per_block)
+    _cmp_tensors(c, kind, mrv1.tensors, mrv2.tensors)
+    c.cmp(kind, "kernel_block_sizes", list(mrv1.kernel_block_sizes), list(mrv2.kernel_block_sizes))
+    c.cmp(
+        kind,
+        "builder_kernel_block_sizes",
+        dict(getattr(mrv1, "builder_kernel_block_sizes", {}) or {}),
+        dict(getattr(mrv2, "builder_kernel_block_sizes", {}) or {}),
+    )
+    c1 = getattr(mrv1, "connector_kernel_block_size", _MISSING)
+    c2 = getattr(mrv2, "connector_kernel_block_size", _MISSING)
+    if c1 is not _MISSING and c2 is not _MISSING:
+        c.cmp(kind, "connector_kernel_block_size", c1, c2)
+    c.cmp(kind, "cache_block_size", getattr(mrv1, "cache_block_size", None), getattr(mrv2, "cache_block_size", None))
+    _cmp_views(c, mrv1.registered, mrv2.registered, mismatch=True)
+    # What layers are bound to after map_kv_caches_to_kernel_blocks: what the kernels index.
+    bound1: Mapping[str, tuple[int, ...]] = getattr(mrv1, "bound_shapes", {}) or {}
+    bound2: Mapping[str, tuple[int, ...]] = getattr(mrv2, "bound_shapes", {}) or {}
+    for layer in sorted(set(bound1) | set(bound2)):
+        c.cmp(kind, f"{layer}.bound_shape", bound1.get(layer), bound2.get(layer))
+    return tuple(c.out)
+
+
+def kinds_of(divergences: Iterable[Divergence]) -> set[str]:
+    """The set of kinds among ``divergences`` (for tests and summaries)."""
+    return {d.kind for d in divergences}
+
+
+__all__ = ["KINDS", "Comparison", "Divergence", "compare", "compare_runners", "kinds_of"]

@@ -9,7 +9,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from conformance.diff import Comparison, Divergence, compare
+from conformance.diff import Comparison, Divergence, compare, compare_runners
+from conformance.expectations import Classification, Environment, Expectation, case_facts, classify
 from reference.backends import VLLM_VERSION
 from reference.config import CaseConfig
 
@@ -25,27 +26,6 @@ def replay_command(case: CaseConfig) -> str:
     return f"echo {shlex.quote(case.to_json())} > case.json && kvconform run --case case.json"
 
 
-def _observed_runner_differences(case: CaseConfig, observations: dict[str, Any]) -> list[Divergence]:
-    """Anything a connector or kernel could see differently between MRv1 and MRv2."""
-    a, b = observations.get("mrv1"), observations.get("mrv2")
-    if a is None or b is None or a.unsupported or b.unsupported:
-        return []
-    out = []
-    for field in ("error", "layout", "num_blocks", "bytes_per_block", "kernel_block_sizes"):
-        if getattr(a, field) != getattr(b, field):
-            out.append(Divergence("mrv1_mrv2_mismatch", case.name, "mrv1/mrv2", field, getattr(a, field), getattr(b, field)))
-    for layer, view in a.registered.items():
-        other = b.registered.get(layer)
-        if other is None or (view.shape, view.stride, view.dtype, view.storage_offset) != (
-            other.shape,
-            other.stride,
-            other.dtype,
-            other.storage_offset,
-        ):
-            out.append(Divergence("mrv1_mrv2_mismatch", case.name, "mrv1/mrv2", f"registered {layer}", view, other))
-    return out
-
-
 def _environment() -> dict[str, Any]:
     env: dict[str, Any] = {"python": platform.python_version(), "reference_vllm": VLLM_VERSION}
     for module in ("vllm", "torch", "flashinfer"):
@@ -56,8 +36,20 @@ def _environment() -> dict[str, Any]:
     return env
 
 
-def run_against_vllm(cases: Sequence[CaseConfig], *, json_target: str | None, quiet: bool) -> int:
-    """Observe, compare and print; returns the CLI exit code (0 conformant, 1 divergent, 5 nothing ran)."""
+def run_against_vllm(
+    cases: Sequence[CaseConfig],
+    *,
+    json_target: str | None,
+    quiet: bool,
+    expectations: Sequence[Expectation] = (),
+    expectations_source: str | None = None,
+) -> int:
+    """Observe, compare, classify and print; returns the CLI exit code.
+
+    0: conformant (every divergence, if any, is expected by ``expectations``); 1: an
+    unexpected divergence; 5: nothing ran. Expectations that matched nothing are
+    reported as unused, without failing the run.
+    """
     from gpu_impl.vllm_cpu import shims
 
     shims.prepare_env()  # before anything imports torch or vllm
@@ -65,46 +57,64 @@ def run_against_vllm(cases: Sequence[CaseConfig], *, json_target: str | None, qu
 
     started = time.time()
     env = _environment()
-    comparisons: list[Comparison] = []
-    runner_diffs: list[Divergence] = []
-    results = []
     if not quiet:
         print(f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, {len(cases)} cases x {len(RUNNERS)} runners")
+    ran: list[tuple[CaseConfig, list[Comparison], tuple[Divergence, ...]]] = []
+    facts = {}
     for case in cases:
         observations = {runner: observe(case, runner) for runner in RUNNERS}
         case_comparisons = [compare(case, runner, observations[runner]) for runner in RUNNERS]
-        diffs = _observed_runner_differences(case, observations)
-        comparisons += case_comparisons
-        runner_diffs += diffs
+        ran.append((case, case_comparisons, compare_runners(case, observations["mrv1"], observations["mrv2"])))
+        facts[case.name] = case_facts(case, observations.values())
+    everything = [d for _, comparisons, diffs in ran for d in (*(d for c in comparisons for d in c.divergences), *diffs)]
+    verdict = classify(everything, Environment(env["vllm"], facts), expectations)
+
+    def expected_by(d: Divergence) -> str | None:
+        entry = verdict.expectation_for(d)
+        return None if entry is None else entry.id
+
+    counts: dict[str, int] = {}
+    results = []
+    for case, comparisons, diffs in ran:
+        runners = {}
+        for c in comparisons:
+            status = c.status
+            if status == "fail" and all(expected_by(d) for d in c.divergences):
+                status = "expected"  # every divergence is a known one
+            counts[status] = counts.get(status, 0) + 1
+            runners[c.runner] = {
+                "status": status,
+                "detail": c.detail,
+                "divergences": [d.__dict__ | {"message": d.message, "expected_by": expected_by(d)} for d in c.divergences],
+            }
         results.append(
             {
                 "case": case.name,
                 "config": case.to_dict(),
                 "replay": replay_command(case),
-                "runners": {
-                    c.runner: {
-                        "status": c.status,
-                        "detail": c.detail,
-                        "divergences": [d.__dict__ | {"message": d.message} for d in c.divergences],
-                    }
-                    for c in case_comparisons
-                },
-                "mrv1_mrv2_mismatches": [{"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed)} for d in diffs],
+                "runners": runners,
+                "mrv1_mrv2_mismatches": [
+                    {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
+                    for d in diffs
+                ],
             }
         )
         if not quiet:
-            statuses = " ".join(f"{c.runner}:{c.status}" for c in case_comparisons)
-            print(f"  {case.name:34} {statuses}" + (f"  MRv1/MRv2 differ ({len(diffs)})" if diffs else ""))
-    counts: dict[str, int] = {}
-    for c in comparisons:
-        counts[c.status] = counts.get(c.status, 0) + 1
-    failed = [c for c in comparisons if c.status == "fail"]
+            statuses = " ".join(f"{runner}:{r['status']}" for runner, r in runners.items())
+            known = ", expected" if diffs and all(expected_by(d) for d in diffs) else ""
+            print(f"  {case.name:34} {statuses}" + (f"  MRv1/MRv2 differ ({len(diffs)}{known})" if diffs else ""))
     report = {
         "schema": "kvconform.report/1",
         "environment": env,
         "started": started,
         "duration_s": round(time.time() - started, 3),
         "counts": counts,
+        "expectations": {
+            "file": expectations_source,
+            "expected": len(verdict.expected),
+            "unexpected": len(verdict.unexpected),
+            "unused": [e.id for e in verdict.unused],
+        },
         "results": results,
     }
     if json_target == "-":
@@ -112,16 +122,26 @@ def run_against_vllm(cases: Sequence[CaseConfig], *, json_target: str | None, qu
     elif json_target:
         Path(json_target).write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
     if not quiet:
-        print()
-        print("  " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
-        for c in failed:
-            for d in c.divergences:
-                print(f"  DIVERGENCE {d.message}")
-            print(f"    config: {c.case.to_json()}\n    replay: {replay_command(c.case)}")
-        for d in runner_diffs:
-            print(f"  MRv1/MRv2 MISMATCH {d.case}: {d.field}: MRv1 {d.expected!r} vs MRv2 {d.observed!r}")
-    if counts.get("pass", 0) + len(failed) == 0:
+        _print_verdict(verdict, counts, {case.name: case for case, _, _ in ran})
+    if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) == 0:
         if not quiet:
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
         return 5
-    return 1 if failed or runner_diffs else 0
+    return 1 if verdict.unexpected else 0
+
+
+def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[str, CaseConfig]) -> None:
+    print()
+    print("  " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+    failing: list[str] = []
+    for d in verdict.unexpected:
+        label = "MRv1/MRv2 MISMATCH" if d.kind == "mrv1_mrv2_mismatch" else "DIVERGENCE"
+        print(f"  {label} {d.message}")
+        if d.case not in failing:
+            failing.append(d.case)
+    for name in failing:
+        print(f"    config: {cases[name].to_json()}\n    replay: {replay_command(cases[name])}")
+    for m in verdict.expected:
+        print(f"  expected [{m.expectation.id}] {m.divergence.message}")
+    for e in verdict.unused:
+        print(f"  UNUSED expectation {e.describe()}: matched nothing in this run; delete or narrow it")

@@ -87,7 +87,10 @@ class Derivation:
     @property
     def draft_kernel_block_sizes(self) -> dict[str, int]:
         """Kernel block size of each draft (Eagle/MTP) layer's own attention group."""
-        return {n: k for n, k in self.builder_kernel_block_sizes.items() if self.specs[n].is_draft}
+        # From the case: a draft whose spec equals the target's is merged into the target's
+        # spec, which does not carry is_draft.
+        drafts = {layer.name for layer in self.case.layers if layer.is_draft}
+        return {n: k for n, k in self.builder_kernel_block_sizes.items() if n in drafts}
 
     @cached_property
     def layer_names(self) -> tuple[str, ...]:

@@ -90,3 +90,20 @@ def test_case_file_round_trip(tmp_path: Path) -> None:
     out = kvconform("explain", str(path))
     assert out.returncode == 0, out.stderr
     assert "mamba" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[[expectation]\n", "not valid TOML"),
+        ('[[expectation]]\nid = "x"\nkind = "nope"\nreason = "r"\n', "expectation 1 (id 'x'): kind 'nope' is not one of"),
+    ],
+)
+def test_bad_expectations_file_is_a_one_line_usage_error(tmp_path: Path, content: str, message: str) -> None:
+    # Checked before anything runs, so this holds with or without vLLM installed.
+    path = tmp_path / "expectations.toml"
+    path.write_text(content)
+    out = kvconform("run", "--case", "flashinfer-b16", "--expectations", str(path))
+    assert out.returncode == 4
+    assert message in out.stderr and str(path) in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -35,3 +35,32 @@ def test_run_flags_a_divergent_case_with_replay(tmp_path: Path) -> None:
     case = CASES["flashinfer-b16"].with_(name="custom", num_blocks=3)
     assert replay_command(case).startswith("echo '")
     assert replay_command(CASES["flashinfer-b16"]) == "kvconform run --case flashinfer-b16"
+
+
+def test_run_classifies_with_expectations(tmp_path: Path) -> None:
+    """A known MRv1/MRv2 difference passes with the expectations and fails without; an
+    entry that matched nothing is reported as unused without failing the run."""
+    from conformance.expectations import DEFAULT_PATH
+    from vllm_cases import CASES
+
+    case = next(c for c in CASES if c.name == "gqa+draft-attention-backend-bs128")
+    case_file = tmp_path / "case.json"
+    case_file.write_text(case.to_json())
+    expectations = tmp_path / "expectations.toml"
+    expectations.write_text(DEFAULT_PATH.read_text() + '\n[[expectation]]\nid = "stale"\nkind = "layout"\nreason = "r"\n')
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "conformance.cli", "run", "--case", str(case_file), *extra],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+
+    out = run("--expectations", str(expectations), "--json", "-")
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout)
+    mismatches = report["results"][0]["mrv1_mrv2_mismatches"]
+    assert mismatches and {m["expected_by"] for m in mismatches} == {"mrv2-draft-keeps-attention-backend"}
+    assert report["expectations"]["unexpected"] == 0 and report["expectations"]["unused"] == ["stale"]
+
+    out = run("--no-expectations")
+    assert out.returncode == 1 and "MRv1/MRv2 MISMATCH" in out.stdout

@@ -1,0 +1,353 @@
+"""Expectations of known divergences: parsing, version ranges, matching, unused entries,
+malformed files. Needs no vLLM: divergences are built by hand, or by diffing the reference
+against a stand-in observation made from the reference itself."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.diff import KINDS, Divergence, compare, compare_runners, kinds_of
+from conformance.expectations import (
+    DEFAULT_PATH,
+    CaseFacts,
+    Environment,
+    Expectation,
+    ExpectationsError,
+    VersionRange,
+    case_facts,
+    classify,
+    load,
+    loads,
+    release,
+)
+from reference.derive import derive
+from reference.errors import ConfigError
+from suites.named_cases import CASES
+
+FULL = """
+schema = 1
+
+[[expectation]]
+id = "fi-split"
+kind = "kernel_block_size"
+case = "flashinfer-*"
+field = "kernel_block_sizes"
+backend = "FLASHINFER"
+layout = "NHD"
+runner = "mrv2"
+vllm = ">=0.33,<0.34"
+reason = "vllm/v1/worker/utils.py: prepare_kernel_block_sizes"
+"""
+
+
+def _div(kind: str = "kernel_block_size", case: str = "flashinfer-b128-k64", runner: str = "mrv2", field: str = "kernel_block_sizes") -> Divergence:
+    return Divergence(kind, case, runner, field, [64], [128])
+
+
+def _entry(**overrides) -> str:
+    values = {"id": '"e1"', "kind": '"layout"', "reason": '"vllm/x.py"'} | overrides
+    body = "\n".join(f"{k} = {v}" for k, v in values.items() if v is not None)
+    return f"[[expectation]]\n{body}\n"
+
+
+# --- the shipped file ----------------------------------------------------------------------------
+
+
+def test_shipped_file_loads_and_every_reason_cites_vllm_source() -> None:
+    entries = load()
+    assert DEFAULT_PATH.name == "expectations.toml"
+    for entry in entries:
+        assert re.search(r"vllm/[\w/]+\.py", entry.reason), f"{entry.id}: the reason must cite the vLLM source file"
+        assert entry.vllm is not None, f"{entry.id}: a known divergence is known for some vLLM versions only"
+
+
+# --- parsing ---------------------------------------------------------------------------------------
+
+
+def test_full_entry_parses() -> None:
+    (entry,) = loads(FULL)
+    assert entry == Expectation(
+        id="fi-split",
+        kind="kernel_block_size",
+        reason="vllm/v1/worker/utils.py: prepare_kernel_block_sizes",
+        case="flashinfer-*",
+        field="kernel_block_sizes",
+        backend="FLASHINFER",
+        layout="LBNHC",  # the legacy NHD name, resolved
+        runner="mrv2",
+        vllm=VersionRange.parse(">=0.33,<0.34"),
+    )
+    assert "fi-split" in entry.describe() and "vllm=>=0.33,<0.34" in entry.describe()
+
+
+def test_minimal_entry_defaults_and_empty_file() -> None:
+    (entry,) = loads(_entry())
+    assert (entry.case, entry.field, entry.backend, entry.layout, entry.runner, entry.vllm) == ("*", "*", None, None, None, None)
+    assert loads("") == ()
+    assert loads("schema = 1\n# only comments\n") == ()
+
+
+def test_load_reads_a_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(FULL)
+    assert [e.id for e in load(path)] == ["fi-split"]
+    with pytest.raises(ExpectationsError, match=r"expectations file '.*missing.toml' does not exist"):
+        load(tmp_path / "missing.toml")
+
+
+# --- version ranges --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "version", "inside"),
+    [
+        (">=0.33,<0.34", "0.33.0", True),
+        (">=0.33,<0.34", "0.33", True),
+        (">=0.33,<0.34", "0.33.7", True),
+        (">=0.33,<0.34", "0.33.1.dev12+g1a2b3c", True),
+        (">=0.33,<0.34", "0.33.0+cu128", True),
+        (">=0.33,<0.34", "0.34.0rc1", False),  # a pre-release already has 0.34's code
+        (">=0.33,<0.34", "0.34.0", False),
+        (">=0.33,<0.34", "0.32.9", False),
+        (">=0.33, <0.34", "0.33.2", True),  # spaces are fine
+        ("==0.33.0", "0.33", True),  # missing trailing components are zeros
+        ("0.33.0", "0.33.0", True),  # a bare version is ==
+        ("0.33.0", "0.33.1", False),
+        ("!=0.33.1", "0.33.1", False),
+        ("!=0.33.1", "0.33.2", True),
+        ("==0.33.*", "0.33.9", True),
+        ("==0.33.*", "0.34.0", False),
+        ("==0.33.*", "0.33", True),
+        ("!=0.21.*", "0.21.3", False),
+        ("!=0.21.*", "0.33.0", True),
+        (">0.21", "0.21.0", False),
+        (">0.21", "0.21.1", True),
+        ("<=0.28", "0.28.0", True),
+        ("<=0.28", "0.28.1", False),
+        (">=0.9", "0.10.0", True),  # numeric, not string, comparison
+        ("<0.10", "0.9.5", True),
+        (">=1", "0.99", False),
+    ],
+)
+def test_version_ranges(spec: str, version: str, inside: bool) -> None:
+    assert VersionRange.parse(spec).contains(version) is inside
+
+
+def test_release_numbers() -> None:
+    assert release("0.33.0") == (0, 33)
+    assert release("v0.33.1.dev12+g1a2b") == (0, 33, 1)
+    assert release("0.34.0rc1") == (0, 34)
+    with pytest.raises(ValueError, match="'main' does not start with a release number"):
+        release("main")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("", "version range '' is empty; expected e.g. '>=0.33,<0.34'"),
+        ("~=0.33", "clause '~=0.33' is not OP VERSION"),
+        (">=0.33,", "clause '' is not OP VERSION"),
+        ("=>0.33", "clause '=>0.33' is not OP VERSION"),
+        (">=0.33rc1", "clause '>=0.33rc1' is not OP VERSION"),
+        (">=0.33.*", "clause '>=0.33.*': '.*' only goes with == or !="),
+    ],
+)
+def test_malformed_version_ranges(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        VersionRange.parse(spec)
+
+
+# --- malformed files -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[[expectation]\nid = 1", "<expectations>: not valid TOML: "),
+        ("schema = 2\n", "<expectations>: schema 2 is not 1, the only schema this kvconform reads"),
+        ("expectations = []\n", "<expectations>: top-level key 'expectations' is not one of schema, expectation"),
+        ("expectation = 3\n", "<expectations>: expectation 3 must be an array of tables ([[expectation]])"),
+        ("expectation = [1]\n", "<expectations>: expectation 1: 1 is not a table; write each entry as [[expectation]]"),
+        (_entry(kinds='"layout"'), "expectation 1: key 'kinds' is not one of id, kind, reason, case, field, backend, layout, runner, vllm"),
+        (_entry(reason=None), "expectation 1: required key 'reason' is missing (required: id, kind, reason)"),
+        (_entry(id='"two words"'), "expectation 1: id 'two words' must be letters, digits, '.', '_' or '-'"),
+        (_entry(id="7"), "expectation 1: id 7 must be a non-empty string"),
+        (_entry(kind='"kernel_size"'), "expectation 1 (id 'e1'): kind 'kernel_size' is not one of startup_error, layout,"),
+        (_entry(reason='"  "'), "expectation 1 (id 'e1'): reason '  ' must be a non-empty string"),
+        (_entry(case="[1, 2]"), "expectation 1 (id 'e1'): case [1, 2] must be a non-empty string"),
+        (_entry(backend='"FLASHINFERR"'), "expectation 1 (id 'e1'): backend 'FLASHINFERR' is not one of "),
+        (_entry(layout='"LBNCH"'), "expectation 1 (id 'e1'): layout 'LBNCH' is not one of LBHNC, LBNHC, LHBNC, BLHNC, BLNHC, BHLNC, NHD, HND"),
+        (_entry(runner='"mrv3"'), "expectation 1 (id 'e1'): runner 'mrv3' is not one of mrv1, mrv2, mrv1/mrv2"),
+        (
+            _entry(kind='"mrv1_mrv2_mismatch"', runner='"mrv2"'),
+            "expectation 1 (id 'e1'): runner 'mrv2': kind mrv1_mrv2_mismatch is always reported for runner 'mrv1/mrv2'",
+        ),
+        (_entry(vllm='">=0.33;<0.34"'), "expectation 1 (id 'e1'): vllm: version range '>=0.33;<0.34': clause '>=0.33;<0.34' is not OP VERSION"),
+        (_entry(vllm="0.33"), "expectation 1 (id 'e1'): vllm: version range 0.33 must be a quoted string like '>=0.33,<0.34'"),
+        (_entry() + _entry(), "expectation 2: id 'e1' is already used by expectation 1"),
+    ],
+)
+def test_malformed_files_give_one_line(text: str, message: str) -> None:
+    with pytest.raises(ExpectationsError) as info:
+        loads(text)
+    error = str(info.value)
+    assert message in error, error
+    assert "\n" not in error
+    assert isinstance(info.value, ConfigError)  # the CLI turns ConfigError into a usage error
+
+
+def test_malformed_file_error_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(_entry(kind='"nope"'))
+    with pytest.raises(ExpectationsError, match=re.escape(f"{path}: expectation 1 (id 'e1'): kind 'nope'")):
+        load(path)
+
+
+# --- matching and classification ---------------------------------------------------------------
+
+
+def _one(text: str) -> Expectation:
+    (entry,) = loads(text)
+    return entry
+
+
+FI_FACTS = {"flashinfer-b128-k64": CaseFacts(frozenset({"FLASHINFER"}), frozenset({"LBNHC"}))}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "divergence", "matches"),
+    [
+        ({}, _div(kind="layout"), True),
+        ({}, _div(kind="kernel_block_size"), False),
+        ({"kind": '"kernel_block_size"', "case": '"flashinfer-*"'}, _div(), True),
+        ({"kind": '"kernel_block_size"', "case": '"dense-*"'}, _div(), False),
+        ({"kind": '"kernel_block_size"', "field": '"kernel_*"'}, _div(), True),
+        ({"kind": '"kernel_block_size"', "field": '"registered*"'}, _div(), False),
+        ({"kind": '"kernel_block_size"', "runner": '"mrv2"'}, _div(), True),
+        ({"kind": '"kernel_block_size"', "runner": '"mrv1"'}, _div(), False),
+        ({"kind": '"kernel_block_size"', "backend": '"FLASHINFER"'}, _div(), True),
+        ({"kind": '"kernel_block_size"', "backend": '"FLASH_ATTN"'}, _div(), False),
+        ({"kind": '"kernel_block_size"', "layout": '"LBNHC"'}, _div(), True),
+        ({"kind": '"kernel_block_size"', "layout": '"LBHNC"'}, _div(), False),
+        ({"kind": '"kernel_block_size"', "backend": '"FLASHINFER"'}, _div(case="unknown-case"), False),  # no facts
+        ({"kind": '"mrv1_mrv2_mismatch"', "runner": '"mrv1/mrv2"'}, _div(kind="mrv1_mrv2_mismatch", runner="mrv1/mrv2"), True),
+    ],
+)
+def test_matching(overrides: dict[str, str], divergence: Divergence, matches: bool) -> None:
+    entry = _one(_entry(**overrides))
+    assert entry.matches(divergence, FI_FACTS.get(divergence.case)) is matches
+
+
+def test_version_scoping() -> None:
+    entry = _one(_entry(vllm='">=0.33,<0.34"'))
+    assert entry.applies_to("0.33.0")
+    assert not entry.applies_to("0.21.0")
+    assert not entry.applies_to(None)  # unknown vLLM: a ranged entry cannot hold
+    assert not entry.applies_to("nightly")
+    assert _one(_entry()).applies_to(None)
+
+
+def test_classify_splits_expected_unexpected_and_unused() -> None:
+    entries = loads(
+        _entry(id='"fi"', kind='"kernel_block_size"', case='"flashinfer-*"', vllm='">=0.33,<0.34"')
+        + _entry(id='"fi-again"', kind='"kernel_block_size"', case='"flashinfer-*"')  # shadowed by "fi"
+        + _entry(id='"stale"', kind='"registered_stride"')
+        + _entry(id='"old-vllm"', kind='"registered_stride"', vllm='"<0.30"')
+        + _entry(id='"other-cases"', kind='"registered_stride"', case='"mla-*"')
+    )
+    known = _div()
+    surprise = _div(kind="layout", field="layout")
+    env = Environment("0.33.0", FI_FACTS)
+    expected, unexpected, unused = classify([known, surprise], env, entries)
+    assert [(m.divergence, m.expectation.id) for m in expected] == [(known, "fi")]
+    assert expected[0].message.endswith("[expected: fi]")
+    assert unexpected == (surprise,)
+    # "old-vllm" is not in force for 0.33.0 and "other-cases" is scoped to cases that did
+    # not run: neither is stale. "fi-again" only ever matches what "fi" already took.
+    assert [e.id for e in unused] == ["fi-again", "stale"]
+
+
+def test_classify_environment_forms() -> None:
+    entries = loads(_entry(kind='"kernel_block_size"', vllm='"==0.33.*"'))
+    # The report's environment dict works as is.
+    assert classify([_div()], {"vllm": "0.33.0", "python": "3.11"}, entries).unexpected == ()
+    assert classify([_div()], {"vllm": "0.28.0"}, entries).unexpected == (_div(),)
+    # Without a version, a ranged entry is not in force, and not reported unused either.
+    result = classify([_div()], None, entries)
+    assert (result.expected, result.unused) == ((), ())
+    # Unknown cases (no facts) still match entries without backend/layout; with no
+    # cases named, every entry in force may be unused.
+    assert classify([], Environment("0.33.0"), entries).unused == entries
+
+
+def test_classify_defaults_to_the_shipped_file() -> None:
+    result = classify([_div(kind="layout", field="layout", case="zz-not-a-case")], Environment("0.33.0"))
+    assert len(result.unexpected) == 1
+
+
+def test_case_facts() -> None:
+    case = CASES["mla-flashinfer-draft-mooncake"]
+    facts = case_facts(case)
+    assert facts.backends == {"FLASHMLA", "FLASHINFER"} and facts.layouts == frozenset()
+    obs = SimpleNamespace(layer_backends={"x": "TRITON_ATTN"}, layout="LBNHC")
+    widened = case_facts(case.with_(layout="HND"), [obs, None])
+    assert widened.backends == {"FLASHMLA", "FLASHINFER", "TRITON_ATTN"}
+    assert widened.layouts == {"LBHNC", "LBNHC"}
+
+
+# --- the divergences being classified (diff engine, no vLLM) ------------------------------------
+
+
+def _stand_in(case_name: str, runner: str = "mrv1", **changes) -> SimpleNamespace:
+    """An observation with the reference's own answers (what a conformant vLLM shows)."""
+    d = derive(CASES[case_name], runner)
+    obs = SimpleNamespace(
+        unsupported=None,
+        error=None,
+        layer_backends=dict(d.layer_backends),
+        layout=d.layout.name,
+        groups=[SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size) for g in d.groups],
+        num_blocks=d.num_blocks,
+        bytes_per_block=d.plan.bytes_per_block,
+        tensors=list(d.plan.tensors),
+        kernel_block_sizes=tuple(d.kernel_block_sizes),
+        builder_kernel_block_sizes=dict(d.builder_kernel_block_sizes),
+        cache_block_size=d.cache_block_size,
+        registered={
+            n: SimpleNamespace(shape=tuple(v.shape), stride=tuple(v.stride), dtype=v.dtype, storage_offset=v.storage_offset, storage_nbytes=v.storage_nbytes)
+            for n, v in d.registered.items()
+        },
+        bound_shapes={},
+    )
+    for key, value in changes.items():
+        setattr(obs, key, value)
+    return obs
+
+
+def test_reference_against_itself_is_clean_and_kinds_are_named() -> None:
+    case = CASES["mla-gqa-draft-b128-k64"]
+    assert compare(case, "mrv1", _stand_in(case.name)).status == "pass"
+    draft = "draft.layers.2.attn"
+    builders = dict(_stand_in(case.name).builder_kernel_block_sizes) | {draft: 128}
+    result = compare(case, "mrv1", _stand_in(case.name, builder_kernel_block_sizes=builders, layout="LBHNC"))
+    assert kinds_of(result.divergences) == {"draft_kernel_block_size", "layout"}
+    message = next(d for d in result.divergences if d.kind == "draft_kernel_block_size").message
+    assert message == (
+        "mla-gqa-draft-b128-k64 [mrv1] draft_kernel_block_size: draft_kernel_block_sizes is "
+        "{'draft.layers.2.attn': 128}, reference expects {'draft.layers.2.attn': 64}"
+    )
+    assert set(kinds_of(result.divergences)) <= set(KINDS)
+
+
+def test_runner_check_without_reference() -> None:
+    a = _stand_in("flashinfer-b128-k64")
+    b = _stand_in("flashinfer-b128-k64", kernel_block_sizes=(128,), error="ValueError: boom\nsecond line")
+    assert compare_runners("flashinfer-b128-k64", a, _stand_in("flashinfer-b128-k64")) == ()
+    found = compare_runners("flashinfer-b128-k64", a, b)
+    assert [(d.kind, d.field) for d in found] == [("mrv1_mrv2_mismatch", "error"), ("mrv1_mrv2_mismatch", "kernel_block_sizes")]
+    assert all("\n" not in d.message and d.runner == "mrv1/mrv2" for d in found)
+    assert compare_runners("x", a, SimpleNamespace(unsupported="no CPU backend")) == ()

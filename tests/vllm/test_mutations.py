@@ -1,0 +1,507 @@
+"""Mutation meta-tests: the diff engine catches each kind of layout bug in vLLM's own code.
+
+Each test runs the real vLLM 0.33.0 pipeline (``gpu_impl.vllm_cpu.planning.observe``)
+with ONE vLLM function replaced by a plausible wrong variant (pytest ``monkeypatch``,
+restored after), and asserts that ``conformance.diff`` reports exactly the documented
+set of divergence kinds: the intended kind plus the consequences a real bug of that
+shape would have (e.g. no kernel split also changes the registered shape). The same
+case unpatched must compare clean, before and after, so a mutation test can only pass
+because of the mutation.
+
+Patches go where the driver looks the function up: ``planning.py`` imports
+``vllm.v1.worker.utils`` / ``vllm.v1.attention.backends.utils`` names inside ``_run`` at
+call time and calls ``kv_cache_planning`` functions as module attributes, and vLLM's own
+callers resolve module globals at call time, so replacing the module attribute reaches
+every caller. ``create_kv_cache_views`` is from-imported into ``vllm.v1.worker.utils``
+(``allocate_kv_cache`` calls that binding) and ``compute_layout_strides`` is called by
+``create_kv_cache_views`` through ``vllm.v1.kv_cache_interface``; each is patched there.
+
+Slot-mapping and block-table mutations live elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+
+from conformance.diff import KINDS, Comparison, compare, compare_runners, kinds_of
+from conformance.expectations import Environment, case_facts, classify, load
+from gpu_impl.vllm_cpu.planning import observe
+from reference.backends import VLLM_VERSION
+from reference.config import CaseConfig
+from suites.named_cases import CASES as NAMED_CASES
+from vllm_cases import CASES as VLLM_CASES
+
+_ALL_CASES: dict[str, CaseConfig] = {**{c.name: c for c in VLLM_CASES}, **NAMED_CASES}
+
+
+def _case(name: str) -> CaseConfig:
+    return _ALL_CASES[name]
+
+
+def _explain(comparison: Comparison) -> str:
+    lines = [f"{comparison.case.name} [{comparison.runner}] {comparison.status} {comparison.detail}".rstrip()]
+    lines += [f"  - {d.message}" for d in comparison.divergences]
+    return "\n".join(lines)
+
+
+# --- the wrong variants ------------------------------------------------------------------------
+# Each factory takes the original function and returns the replacement.
+
+
+def _no_kernel_split(original: Callable) -> Callable:
+    """``select_common_block_size`` that never splits: the manager block size for everyone."""
+
+    def select_common_block_size(kv_manager_block_size, backends, kv_cache_specs=None):
+        return kv_manager_block_size
+
+    return select_common_block_size
+
+
+def _builder_ignores_kernel_size(drafts_only: bool) -> Callable[[Callable], Callable]:
+    """``create_metadata_builders``' per-backend select that ignores the split it is given.
+
+    The builder pass calls ``select_common_block_size(kernel_block_size, [backend], [spec])``
+    with an already split size (below ``spec.block_size``); ``prepare_kernel_block_sizes``
+    calls it with the manager size. Only the former is broken, for draft specs only when
+    ``drafts_only`` (the drafter builds its own attention groups).
+    """
+
+    def factory(original: Callable) -> Callable:
+        def select_common_block_size(kv_manager_block_size, backends, kv_cache_specs=None):
+            specs = list(kv_cache_specs or [])
+            builder_pass = len(specs) == 1 and specs[0] is not None and kv_manager_block_size < specs[0].block_size
+            if builder_pass and (not drafts_only or specs[0].is_draft):
+                return specs[0].block_size
+            return original(kv_manager_block_size, backends, kv_cache_specs)
+
+        return select_common_block_size
+
+    return factory
+
+
+def _strides_with_h_and_n_swapped(original: Callable) -> Callable:
+    """``compute_layout_strides`` reading the layout with H and N swapped (an NHD/HND mix-up)."""
+
+    def compute_layout_strides(spec, num_blocks, num_layers, layout, kernel_block_size=None, fixed_strides=(None,) * 5):
+        swapped = tuple({2: 3, 3: 2}.get(axis, axis) for axis in layout.stride_order)
+        wrong = SimpleNamespace(stride_order=swapped, name=layout.name)
+        return original(spec, num_blocks, num_layers, wrong, kernel_block_size, fixed_strides)
+
+    return compute_layout_strides
+
+
+def _views_off_by_one(original: Callable) -> Callable:
+    """``create_kv_cache_views`` whose views start one element past the tensor offset."""
+
+    def create_kv_cache_views(*args, **kwargs):
+        return [v.as_strided(v.shape, v.stride(), v.storage_offset() + 1) for v in original(*args, **kwargs)]
+
+    return create_kv_cache_views
+
+
+def _views_as_float16(original: Callable) -> Callable:
+    """``create_kv_cache_views`` viewing a bf16 cache as fp16 (torch's default half dtype)."""
+    import torch
+
+    def create_kv_cache_views(*args, **kwargs):
+        views = original(*args, **kwargs)
+        return [v.view(torch.float16) if v.dtype == torch.bfloat16 else v for v in views]
+
+    return create_kv_cache_views
+
+
+def _pool_bytes_summed_over_groups(original: Callable) -> Callable:
+    """``_pool_bytes_per_block`` summing every group's bytes (the groups alias: it is the max)."""
+
+    def _pool_bytes_per_block(vllm_config, kv_cache_groups):
+        return sum(original(vllm_config, [group]) for group in kv_cache_groups)
+
+    return _pool_bytes_per_block
+
+
+def _layer_outer_offsets_by_page(original: Callable) -> Callable:
+    """``get_kv_cache_config_from_groups`` advancing a layer-outer tensor's offset by pages.
+
+    The right advance is ``len(layers) * layer_stride`` (each layer owns a region of
+    ``num_blocks`` pages); this variant uses the block-outer rule, ``len(layers) * page``,
+    so the next tensor of the group starts inside the previous one's region.
+    """
+    from vllm.v1.core.kv_cache_planning import _get_per_layer_spec
+
+    def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
+        config = original(vllm_config, kv_cache_groups, available_memory)
+        next_offset: dict[int, int] = {}
+        tensors = []
+        for tensor in config.kv_cache_tensors:
+            gid = next(i for i, g in enumerate(kv_cache_groups) if tensor.layers[0] in g.layer_names)
+            spec = _get_per_layer_spec(kv_cache_groups[gid], tensor.layers[0])
+            offset = next_offset.get(gid, 0)
+            tensors.append(dataclasses.replace(tensor, offset=offset))
+            next_offset[gid] = offset + len(tensor.layers) * spec.page_size_bytes
+        config.kv_cache_tensors = tensors
+        return config
+
+    return get_kv_cache_config_from_groups
+
+
+def _backing_one_block_larger(original: Callable) -> Callable:
+    """``get_kv_cache_config_from_groups`` sizing the backing allocation one block too large."""
+    from vllm.v1.core.kv_cache_planning import _get_kv_cache_bytes_per_block
+
+    def get_kv_cache_config_from_groups(vllm_config, kv_cache_groups, available_memory):
+        config = original(vllm_config, kv_cache_groups, available_memory)
+        layout = vllm_config.cache_config.get_resolved_kv_cache_layout()
+        extra = _get_kv_cache_bytes_per_block(kv_cache_groups, layout)
+        config.kv_cache_tensors = [dataclasses.replace(t, size=t.size + extra) for t in config.kv_cache_tensors]
+        return config
+
+    return get_kv_cache_config_from_groups
+
+
+def _override_minus_one(original: Callable) -> Callable:
+    """``may_override_num_blocks`` taking the null block out of ``num_gpu_blocks_override``."""
+
+    def may_override_num_blocks(vllm_config, num_blocks):
+        override = vllm_config.cache_config.num_gpu_blocks_override
+        return num_blocks if override is None else override - 1
+
+    return may_override_num_blocks
+
+
+def _groups_reversed(original: Callable) -> Callable:
+    """``get_kv_cache_groups_from_builder`` returning the groups in reverse order."""
+
+    def get_kv_cache_groups_from_builder(builder, vllm_config, kv_cache_spec):
+        return list(reversed(original(builder, vllm_config, kv_cache_spec)))
+
+    return get_kv_cache_groups_from_builder
+
+
+def _resolve_lbnhc_as_lbhnc(original: Callable) -> Callable:
+    """``resolve_kv_cache_layout`` answering LBHNC where LBNHC resolves (and recording it)."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    def resolve_kv_cache_layout(vllm_config, supported_layouts, kv_cache_specs=None):
+        layout = original(vllm_config, supported_layouts, kv_cache_specs)
+        if layout is KVCacheLayout.LBNHC:
+            layout = KVCacheLayout.LBHNC
+            # Consistently wrong: planning reads the recorded layout, like the real one.
+            vllm_config.cache_config.kv_cache_layout = layout.name
+        return layout
+
+    return resolve_kv_cache_layout
+
+
+def _validate_without_uniform_shortcut(original: Callable) -> Callable:
+    """``validate_kv_cache_layout`` demanding a block-compact layout even for uniform pages."""
+
+    def validate_kv_cache_layout(layout, kv_cache_groups):
+        if not layout.is_block_compact:
+            raise ValueError(f"KV cache layout {layout.name} cannot express this model's pages")
+        return original(layout, kv_cache_groups)
+
+    return validate_kv_cache_layout
+
+
+def _no_null_block_check(original: Callable) -> Callable:
+    """``_check_enough_kv_cache_memory`` that never refuses (null-block reservation forgotten)."""
+
+    def _check_enough_kv_cache_memory(*args, **kwargs):
+        return None
+
+    return _check_enough_kv_cache_memory
+
+
+def _drafts_not_allocated(original: Callable) -> Callable:
+    """``allocate_kv_cache`` leaving the draft layers out of the registered tensors."""
+
+    def allocate_kv_cache(*args, **kwargs):
+        return {name: t for name, t in original(*args, **kwargs).items() if not name.startswith("draft.")}
+
+    return allocate_kv_cache
+
+
+def _scheduler_uses_largest_block(original: Callable) -> Callable:
+    """``generate_scheduler_kv_cache_config`` giving every group the largest block size."""
+
+    def generate_scheduler_kv_cache_config(kv_cache_configs):
+        config = original(kv_cache_configs)
+        largest = max(g.kv_cache_spec.block_size for g in config.kv_cache_groups)
+        for group in config.kv_cache_groups:
+            group.kv_cache_spec = group.kv_cache_spec.copy_with_new_block_size(largest)
+        return config
+
+    return generate_scheduler_kv_cache_config
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One vLLM function replaced by a wrong variant, and what the diff must report."""
+
+    id: str
+    case: str
+    module: str
+    attr: str
+    variant: Callable[[Callable], Callable]
+    intended: str
+    kinds: frozenset[str]
+    """Exactly what ``compare`` reports: the intended kind and its inherent consequences."""
+    runner: str = "mrv1"
+
+
+MUTATIONS = (
+    Mutation(
+        "no-kernel-split", "flashinfer-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
+        _no_kernel_split, "kernel_block_size",
+        # The builders get the manager size too, and the views keep 128-token blocks:
+        # (4, 8, 128, 256) instead of (8, 8, 64, 256).
+        frozenset({"kernel_block_size", "builder_kernel_block_size", "registered_shape"}),
+    ),
+    Mutation(
+        "strides-h-n-swapped", "dense-fa-b128-lbnhc", "vllm.v1.kv_cache_interface", "compute_layout_strides",
+        _strides_with_h_and_n_swapped, "registered_stride", frozenset({"registered_stride"}),
+    ),
+    Mutation(
+        "view-offset-off-by-one", "dense-fa-b128-lbnhc", "vllm.v1.worker.utils", "create_kv_cache_views",
+        _views_off_by_one, "registered_offset", frozenset({"registered_offset"}),
+    ),
+    Mutation(
+        "view-dtype-float16", "dense-fa-b128-lbnhc", "vllm.v1.worker.utils", "create_kv_cache_views",
+        _views_as_float16, "registered_dtype", frozenset({"registered_dtype"}),
+    ),
+    Mutation(
+        "pool-bytes-summed", "swa-hybrid-padded", "vllm.v1.core.kv_cache_planning", "_pool_bytes_per_block",
+        _pool_bytes_summed_over_groups, "bytes_per_block", frozenset({"bytes_per_block"}),
+    ),
+    Mutation(
+        "layer-outer-offset-by-page", "mla-gqa-draft-b128-k64", "vllm.v1.core.kv_cache_planning",
+        "get_kv_cache_config_from_groups", _layer_outer_offsets_by_page, "tensor_placement",
+        # The draft tensor moves, so its registered view starts elsewhere.
+        frozenset({"tensor_placement", "registered_offset"}),
+    ),
+    Mutation(
+        "backing-one-block-larger", "flashinfer-b16", "vllm.v1.core.kv_cache_planning",
+        "get_kv_cache_config_from_groups", _backing_one_block_larger, "tensor_placement",
+        # Every view lives in the larger allocation.
+        frozenset({"tensor_placement", "registered_storage"}),
+    ),
+    Mutation(
+        "override-minus-one", "flashinfer-b16", "vllm.v1.core.kv_cache_planning", "may_override_num_blocks",
+        _override_minus_one, "num_blocks",
+        # Fewer blocks: smaller allocation and layer regions, shorter views.
+        frozenset({"num_blocks", "tensor_placement", "registered_shape", "registered_offset", "registered_storage"}),
+    ),
+    Mutation(
+        "groups-reversed", "swa-hybrid-padded", "vllm.v1.core.kv_cache_planning", "get_kv_cache_groups_from_builder",
+        _groups_reversed, "groups", frozenset({"groups"}),
+    ),
+    Mutation(
+        "lbnhc-resolved-as-lbhnc", "dense-fa-b128-lbnhc", "vllm.v1.attention.backends.utils", "resolve_kv_cache_layout",
+        _resolve_lbnhc_as_lbhnc, "layout",
+        # The views follow the wrong layout: H and N strides trade places.
+        frozenset({"layout", "registered_stride"}),
+    ),
+    Mutation(
+        "refuses-uniform-lhbnc", "dense-fa-b128-lhbnc", "vllm.v1.core.kv_cache_planning", "validate_kv_cache_layout",
+        _validate_without_uniform_shortcut, "startup_error", frozenset({"startup_error"}),
+    ),
+    Mutation(
+        "accepts-one-block-pool", "flash_attn-one-block", "vllm.v1.core.kv_cache_planning", "_check_enough_kv_cache_memory",
+        _no_null_block_check, "startup_error", frozenset({"startup_error"}),
+    ),
+    Mutation(
+        "drafts-not-registered", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "allocate_kv_cache",
+        _drafts_not_allocated, "registered_names", frozenset({"registered_names"}),
+    ),
+    Mutation(
+        "builder-ignores-split", "flashinfer-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
+        _builder_ignores_kernel_size(drafts_only=False), "builder_kernel_block_size",
+        frozenset({"builder_kernel_block_size"}),
+    ),
+    Mutation(
+        "drafter-ignores-split", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
+        _builder_ignores_kernel_size(drafts_only=True), "draft_kernel_block_size",
+        frozenset({"draft_kernel_block_size"}),
+    ),
+    Mutation(
+        "scheduler-largest-block", "swa-hybrid-scaled", "vllm.v1.core.kv_cache_utils", "generate_scheduler_kv_cache_config",
+        _scheduler_uses_largest_block, "cache_block_size", frozenset({"cache_block_size"}),
+    ),
+)
+
+
+def _compare(case: CaseConfig, runner: str) -> Comparison:
+    return compare(case, runner, observe(case, runner))
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
+def test_mutation_is_caught(mutation: Mutation, monkeypatch: pytest.MonkeyPatch) -> None:
+    case, runner = _case(mutation.case), mutation.runner
+    clean = _compare(case, runner)
+    assert clean.status == "pass" and not clean.divergences, "unpatched vLLM must compare clean:\n" + _explain(clean)
+
+    module = importlib.import_module(mutation.module)
+    original = getattr(module, mutation.attr)
+    monkeypatch.setattr(module, mutation.attr, mutation.variant(original))
+    mutated = _compare(case, runner)
+    monkeypatch.undo()
+
+    assert getattr(module, mutation.attr) is original
+    found = kinds_of(mutated.divergences)
+    assert mutation.intended in found, f"{mutation.id}: {mutation.intended} not reported\n" + _explain(mutated)
+    assert found == mutation.kinds, (
+        f"{mutation.id}: expected exactly {sorted(mutation.kinds)}, got {sorted(found)}\n" + _explain(mutated)
+    )
+    assert all(d.case == case.name and d.runner == runner and "\n" not in d.message for d in mutated.divergences)
+    again = _compare(case, runner)
+    assert again.status == "pass", "the restored vLLM must compare clean again:\n" + _explain(again)
+
+
+# --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
+
+
+def _manager_block_sizes(original: Callable) -> Callable:
+    """``prepare_kernel_block_sizes`` without expansion (MRv2 as in vLLM 0.21)."""
+
+    def prepare_kernel_block_sizes(kv_cache_config, attn_groups):
+        return [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+
+    return prepare_kernel_block_sizes
+
+
+def _smallest_kernel_block_sizes(original: Callable) -> Callable:
+    """``prepare_kernel_block_sizes`` splitting into the smallest common size, not the largest."""
+    from vllm.v1.worker.utils import _block_size_is_supported
+
+    def prepare_kernel_block_sizes(kv_cache_config, attn_groups):
+        sizes = original(kv_cache_config, attn_groups)
+        out = []
+        for gid, (size, group) in enumerate(zip(sizes, kv_cache_config.kv_cache_groups)):
+            if size == group.kv_cache_spec.block_size:
+                out.append(size)
+                continue
+            backends = [g.backend for g in attn_groups[gid]]
+            specs = [g.kv_cache_spec for g in attn_groups[gid]]
+            candidates = {s for b, sp in zip(backends, specs) for s in b.get_supported_kernel_block_sizes(sp) if isinstance(s, int)}
+            out.append(min(s for s in candidates if size % s == 0 and _block_size_is_supported(backends, s, specs)))
+        return out
+
+    return prepare_kernel_block_sizes
+
+
+def _observe_mrv2_patched(case: CaseConfig, variant: Callable[[Callable], Callable], monkeypatch: pytest.MonkeyPatch):
+    """MRv1 observed as shipped; MRv2 with ``prepare_kernel_block_sizes`` replaced."""
+    import vllm.v1.worker.utils as worker_utils
+
+    mrv1 = observe(case, "mrv1")
+    with monkeypatch.context() as patch:
+        patch.setattr(worker_utils, "prepare_kernel_block_sizes", variant(worker_utils.prepare_kernel_block_sizes))
+        mrv2 = observe(case, "mrv2")
+    return mrv1, mrv2
+
+
+@pytest.mark.parametrize("case_name", ["flashinfer-b128-k64", "mla-gqa-draft-b128-k64"])
+def test_unpatched_runners_agree(case_name: str) -> None:
+    case = _case(case_name)
+    assert compare_runners(case, observe(case, "mrv1"), observe(case, "mrv2")) == ()
+
+
+def test_mrv2_without_kernel_expansion_is_a_runner_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM #42846's shape: MRv2 keeps 128-token blocks where MRv1 splits to 64.
+
+    In 0.33.0 the metadata-builder pass then refuses to bind (FlashInfer needs 64-token
+    blocks), so MRv2 also fails to start; the shapes it registered first still differ.
+    """
+    case = _case("flashinfer-b128-k64")
+    mrv1, mrv2 = _observe_mrv2_patched(case, _manager_block_sizes, monkeypatch)
+    assert compare(case, "mrv1", mrv1).status == "pass"
+    mismatches = compare_runners(case, mrv1, mrv2)
+    assert kinds_of(mismatches) == {"mrv1_mrv2_mismatch"}
+    fields = {d.field for d in mismatches}
+    layers = [layer.name for layer in case.layers]
+    assert {"error", "kernel_block_sizes", *(f"{layer}.shape" for layer in layers)} <= fields, fields
+    kernel = next(d for d in mismatches if d.field == "kernel_block_sizes")
+    assert (kernel.expected, kernel.observed) == ([64], [128])
+    assert all(d.runner == "mrv1/mrv2" and "MRv1" in d.message and "MRv2" in d.message for d in mismatches)
+
+
+def test_silent_runner_mismatch_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MRv2 splitting into 16-token kernel blocks: both runners start, connectors see
+    different shapes. Reported from the observations alone (the runner check needs no reference)."""
+    case = _case("flashinfer-b128-k64")
+    mrv1, mrv2 = _observe_mrv2_patched(case, _smallest_kernel_block_sizes, monkeypatch)
+    assert mrv1.ok and mrv2.ok
+    mismatches = compare_runners(case, mrv1, mrv2)
+    layers = [layer.name for layer in case.layers]
+    assert {d.field for d in mismatches} == {
+        "kernel_block_sizes",
+        "builder_kernel_block_sizes",
+        *(f"{layer}.shape" for layer in layers),
+        *(f"{layer}.bound_shape" for layer in layers),
+    }
+    assert kinds_of(compare(case, "mrv2", mrv2).divergences) == {
+        "kernel_block_size",
+        "builder_kernel_block_size",
+        "registered_shape",
+    }
+
+
+# --- connector ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _WithConnector:
+    """An observation plus what a connector derived as its block size from the views."""
+
+    observation: Any
+    connector_kernel_block_size: int | None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.observation, name)
+
+
+@pytest.mark.parametrize(("axis", "kinds"), [(-2, set()), (-3, {"connector_kernel_block_size"})])
+def test_connector_block_size_from_views(axis: int, kinds: set[str]) -> None:
+    """The driver runs no connector, so a stand-in derives the block size from the real
+    registered views: ``shape[-2]`` (tokens per kernel block, right) or ``shape[-3]``
+    (Mooncake's bug on MLA + Eagle: for [B, H, N, C] views that is the head count)."""
+    case = _case("mla-flashinfer-draft-mooncake")
+    obs = observe(case, "mrv1")
+    first = next(iter(obs.registered.values()))
+    result = compare(case, "mrv1", _WithConnector(obs, first.shape[axis]))
+    assert kinds_of(result.divergences) == kinds, _explain(result)
+
+
+# --- the whole case list, unpatched ------------------------------------------------------------
+
+
+def test_every_kind_has_a_mutation() -> None:
+    """Each kind is reported by some mutation test (intended, or as a consequence)."""
+    covered = set().union(*(m.kinds for m in MUTATIONS)) | {"mrv1_mrv2_mismatch", "connector_kernel_block_size"}
+    assert covered == set(KINDS)
+
+
+def test_unpatched_vllm_shows_only_expected_divergences() -> None:
+    """Every case through both runners and the runner check, classified with the shipped
+    expectations: nothing unexpected, and every shipped entry in force is used."""
+    divergences = []
+    facts = {}
+    for case in _ALL_CASES.values():
+        observations = {runner: observe(case, runner) for runner in ("mrv1", "mrv2")}
+        facts[case.name] = case_facts(case, observations.values())
+        for runner, obs in observations.items():
+            divergences += compare(case, runner, obs).divergences
+        divergences += compare_runners(case, observations["mrv1"], observations["mrv2"])
+    import vllm
+
+    result = classify(divergences, Environment(vllm.__version__, facts), load())
+    assert vllm.__version__ == VLLM_VERSION
+    assert not result.unexpected, "\n".join(d.message for d in result.unexpected)
+    assert not result.unused, [e.describe() for e in result.unused]
+    assert {m.expectation.id for m in result.expected} == {e.id for e in load()}
