@@ -1,0 +1,669 @@
+"""``reference.block_tables`` against vLLM 0.33.0's real block tables and slot mappings.
+
+Each scenario (plain JSON: groups, DCP, a schedule of Add/Append/Remove/Preempt/Move/Swap
+and per-step batches) runs through vLLM's MRv1 ``MultiGroupBlockTable``, MRv2
+``BlockTables`` and ``AttentionGroup.map_to_kernel_block_table`` on CPU (the Triton
+kernels in the interpreter, ``gpu_impl.vllm_cpu.block_tables``) and through the
+reference model; every field is diffed: table widths, per step the request locations,
+the valid block ids, the tables handed to attention, their kernel expansion and the
+slot mappings. MRv2 leaves stale ids past ``num_blocks`` in gathered rows (D7), so its
+real rows are compared on ``[:num_blocks]`` (``[:num_blocks*R]`` once expanded); MRv1
+rows and every padded row are compared whole.
+
+vLLM runs in one driver subprocess per pytest process (the kernels need
+``TRITON_INTERPRET=1`` before triton is imported, which the planning tests' process
+cannot have). Every failure prints the scenario JSON and a one-line replay command.
+This module imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pytest
+
+from gpu_impl.vllm_cpu.block_tables import (
+    first_positions,
+    normalize_scenario,
+    observe_block_tables,
+    prewarm,
+    replay_command,
+    step_token_layout,
+)
+from reference import block_tables as rb
+from reference.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+MAX_PROBLEMS = 12
+
+# Scenario name -> why the reference is known to disagree with vLLM (with the vLLM source
+# lines). Strict xfails: a test fails as soon as the disagreement goes away.
+KNOWN_DISAGREEMENTS: dict[str, str] = {
+    "mrv2-slot-int32-overflow": (
+        "MRv2 computes slots in int32: vllm/v1/worker/gpu/block_table.py:404-409 "
+        "(_compute_slot_mappings_kernel) multiplies the int32 block id loaded at :404 by the int32 "
+        "block size loaded at :370 (block_sizes_tensor, :114), so block_id*B >= 2**31 wraps "
+        "(200000000*16+5 -> -1094967291); MRv1 casts the id to int64 first "
+        "(vllm/v1/worker/block_table.py:373-374). reference.slot_mappings_mrv2 uses unbounded ints."
+    ),
+}
+
+
+# --------------------------------------------------------------------------- scenarios
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _attention(block_size: int, kernel: int | None = None, **extra: Any) -> dict[str, Any]:
+    return {"kind": "attention", "block_size": block_size, "kernel_block_size": kernel, **extra}
+
+
+def _mamba(block_size: int) -> dict[str, Any]:
+    # One state block per request, at column 0 for every position < block_size.
+    return {"kind": "mamba", "block_size": block_size, "max_num_blocks": 1}
+
+
+class _Schedule:
+    """Simulates a scheduler + InputBatch to emit a dense, valid schedule for both runners.
+
+    New requests take the lowest free row; finished/preempted rows are condensed with
+    ``move`` (last live row into the hole, as ``InputBatch.condense``); a step's batch is
+    rows ``0..n-1`` in order; blocks cover every scheduled token of every group.
+    """
+
+    def __init__(self, rng: random.Random, groups: list[dict[str, Any]], dcp_world: int, max_model_len: int,
+                 max_num_reqs: int, token_budget: int, features: set[str]) -> None:
+        self.rng, self.groups, self.W, self.L = rng, groups, dcp_world, max_model_len
+        self.max_num_reqs, self.budget, self.features = max_num_reqs, token_budget, features
+        self.rows: list[str | None] = [None] * max_num_reqs
+        self.computed: dict[str, int] = {}
+        self.target: dict[str, int] = {}
+        self.nblocks: dict[str, list[int]] = {}
+        self.preempted: list[str] = []
+        self.next_req = 0
+        self.used_ids: set[int] = set()
+
+    # --- blocks
+    def _tokens_per_block(self, g: int) -> int:
+        grp = self.groups[g]
+        sharded = grp.get("dcp_sharded", grp["kind"] != "mamba")
+        return grp["block_size"] * (self.W if sharded else 1)
+
+    def _needed(self, g: int, tokens: int) -> int:
+        if self.groups[g]["kind"] == "mamba":
+            return 1
+        return _cdiv(tokens, self._tokens_per_block(g))
+
+    def _new_ids(self, g: int, n: int) -> list[int]:
+        ids = []
+        while len(ids) < n:  # distinct, scattered ids (id * B stays far below 2**31)
+            b = self.rng.randrange(1, 50_000)
+            if b not in self.used_ids:
+                self.used_ids.add(b)
+                ids.append(b)
+        if self.groups[g].get("sliding_window_reach") and n > 1 and self.rng.random() < 0.3:
+            ids[0] = 0  # the sliding-window manager already freed it: the null block
+        return ids
+
+    def _live(self) -> list[str]:
+        return [r for r in self.rows if r is not None]
+
+    # --- ops
+    def _leave(self, ops: list[list], req: str, kind: str) -> None:
+        ops.append([kind, req])
+        self.rows[self.rows.index(req)] = None
+        if kind == "preempt":
+            self.preempted.append(req)
+
+    def _condense(self, ops: list[list]) -> None:
+        while True:
+            holes = [i for i, r in enumerate(self.rows) if r is None]
+            live = [i for i, r in enumerate(self.rows) if r is not None]
+            if not holes or not live or holes[0] > live[-1]:
+                return
+            ops.append(["move", live[-1], holes[0]])
+            self.rows[holes[0]], self.rows[live[-1]] = self.rows[live[-1]], None
+
+    def _admit(self, budget_left: int) -> tuple[str, int] | None:
+        if None not in self.rows or budget_left < 1:
+            return None
+        if self.preempted and self.rng.random() < 0.7:
+            req = self.preempted.pop(0)
+            start = 0  # resumed requests recompute from scratch here (no prefix hit)
+        else:
+            req = f"r{self.next_req}"
+            self.next_req += 1
+            self.target[req] = self.rng.randint(self.L // 4, self.L)
+            # A prefix-cache hit: the request arrives with computed tokens and their blocks.
+            start = self.rng.choice([0, 0, self.rng.randint(1, self.target[req] - 1)])
+        self.computed[req] = start
+        return req, start
+
+    def step(self) -> dict[str, Any]:
+        rng, ops = self.rng, []
+        for req in self._live():
+            if self.computed[req] >= self.target[req]:
+                self._leave(ops, req, "remove")
+            elif "preempt" in self.features and rng.random() < 0.2:
+                self._leave(ops, req, "preempt")
+        self._condense(ops)
+        chunks: dict[str, int] = {}
+        budget = self.budget
+        live = self._live()
+        for req in live:
+            chunks[req] = self._chunk(req, budget - (len(live) - len(chunks) - 1))
+            budget -= chunks[req]
+        for _ in range(rng.randint(0, 2) if live else rng.randint(1, 3)):
+            admitted = self._admit(budget)
+            if admitted is None:
+                break
+            req, start = admitted
+            chunks[req] = self._chunk(req, budget)
+            budget -= chunks[req]
+            ids = [self._new_ids(g, self._needed(g, start + chunks[req])) for g in range(len(self.groups))]
+            self.nblocks[req] = [len(x) for x in ids]
+            ops.append(["add", req, ids])
+            self.rows[self.rows.index(None)] = req
+        for req in live:
+            total = self.computed[req] + chunks[req]
+            need = [self._needed(g, total) - self.nblocks[req][g] for g in range(len(self.groups))]
+            if any(n > 0 for n in need):
+                ids = [self._new_ids(g, max(n, 0)) for g, n in enumerate(need)]
+                self.nblocks[req] = [a + len(b) for a, b in zip(self.nblocks[req], ids)]
+                ops.append(["append", req, ids])
+        live = self._live()
+        if "swap" in self.features and len(live) >= 2 and rng.random() < 0.6:
+            a, b = rng.sample(range(len(live)), 2)  # InputBatch reorder: swap_states
+            ops.append(["swap", a, b])
+            self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
+        batch = []
+        for req in self._live():
+            c = self.computed[req]
+            batch.append([req, list(range(c, c + chunks[req]))])
+            self.computed[req] = c + chunks[req]
+        return self._padded({"ops": ops, "batch": batch})
+
+    def _chunk(self, req: str, budget: int) -> int:
+        left = min(self.target[req], self.L) - self.computed[req]
+        want = 1 if self.computed[req] > 0 and self.rng.random() < 0.5 else self.rng.randint(1, 40)
+        return max(1, min(want, left, max(budget, 1)))
+
+    def _padded(self, step: dict[str, Any]) -> dict[str, Any]:
+        if "pad" not in self.features or not step["batch"]:
+            return step
+        n = len(step["batch"])
+        tokens = sum(len(p) for _, p in step["batch"])
+        step["num_reqs_padded"] = min(self.max_num_reqs, n + self.rng.choice([0, 1, 2]))
+        dummy = self.rng.choice([[], [1], [2, 3]])
+        spare = self.budget + 16 - tokens  # max_num_batched_tokens = budget + 16
+        if sum(dummy) <= spare:
+            step["dummy_tokens"] = dummy
+        extra = self.rng.choice([0, 3, 9])
+        step["num_tokens_padded"] = min(tokens + sum(step.get("dummy_tokens", [])) + extra, self.budget + 16)
+        return step
+
+
+def make_scenario(name: str, seed: int, groups: list[dict[str, Any]], *, dcp: Sequence[int] = (1, 0, 1),
+                  max_model_len: int = 1024, num_steps: int = 4, max_num_reqs: int = 4,
+                  features: Sequence[str] = ("preempt", "swap", "pad")) -> dict[str, Any]:
+    """A seeded random schedule over ``groups`` (max_num_blocks filled in from max_model_len)."""
+    rng = random.Random(seed)
+    W = dcp[0]
+    groups = [dict(g) for g in groups]
+    for g in groups:
+        if g["kind"] != "mamba":
+            sharded = g.get("dcp_sharded", True)
+            g.setdefault("max_num_blocks", _cdiv(max_model_len, g["block_size"] * (W if sharded else 1)))
+    budget = 96
+    sim = _Schedule(rng, groups, W, max_model_len, max_num_reqs, budget, set(features))
+    steps = [sim.step() for _ in range(num_steps)]
+    return {"name": name, "seed": seed, "max_num_reqs": max_num_reqs, "max_num_batched_tokens": budget + 16,
+            "dcp": list(dcp), "groups": groups, "steps": steps}
+
+
+def _random_scenarios() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    # One attention group: every block size 16..256, with and without kernel splits.
+    singles = [(16, None), (32, 16), (64, None), (64, 32), (128, 64), (128, 16), (256, 64), (256, 128), (256, 16)]
+    for i, (b, k) in enumerate(singles):
+        out.append(make_scenario(f"single-b{b}-k{k}", 100 + i, [_attention(b, k)], max_model_len=2048))
+    # Full + sliding window (MRv2 nulls blocks below the window, D8).
+    swa = [(128, 64, 16, 20), (16, None, 32, 100), (64, 16, 64, 200), (256, 64, 16, 33)]
+    for i, (b1, k1, b2, reach) in enumerate(swa):
+        out.append(make_scenario(f"swa-b{b1}-b{b2}-reach{reach}", 200 + i,
+                                 [_attention(b1, k1), _attention(b2, None, sliding_window_reach=reach)]))
+    # Attention + Mamba: MRv1 slot mapping "none" (stale buffer, D3) vs MRv2 computed slots.
+    for i, (b, k, mb) in enumerate([(16, None, 1056), (128, 64, 2048), (64, 32, 1024), (256, 128, 4096)]):
+        out.append(make_scenario(f"mamba-b{b}-k{k}-m{mb}", 300 + i, [_attention(b, k), _mamba(mb)]))
+    # Three groups: split attention, sliding window, Mamba.
+    for i, (b, k, reach) in enumerate([(128, 64, 50), (32, 16, 127), (256, 32, 300)]):
+        out.append(make_scenario(f"hybrid3-b{b}-k{k}", 400 + i,
+                                 [_attention(b, k), _attention(16, None, sliding_window_reach=reach), _mamba(1024)]))
+    # DCP: world 2/4, interleave 1/2/8, every rank; reach is dropped by MRv2 under DCP.
+    dcps = [(2, 0, 1), (2, 1, 1), (2, 1, 2), (2, 0, 8), (4, 3, 1), (4, 1, 2), (4, 2, 8), (4, 0, 8)]
+    for i, (w, r, itl) in enumerate(dcps):
+        b = [16, 64, 128, 32, 16, 256, 64, 128][i]
+        k = [None, 32, 64, None, None, 64, 16, None][i]
+        groups = [_attention(b, k)]
+        if i % 2:
+            groups.append(_attention(16, None, sliding_window_reach=40))
+        if i % 3 == 0:
+            groups.append(_mamba(2048))
+        out.append(make_scenario(f"dcp{w}-r{r}-i{itl}-b{b}", 500 + i, groups, dcp=(w, r, itl)))
+    # DCP world 1 written out explicitly, with interleave > 1 (no effect without DCP).
+    out.append(make_scenario("dcp1-i8-b128", 520, [_attention(128, 64)], dcp=(1, 0, 8)))
+    # Circular-buffer group: MRv2 disables its slot mapping (D4), widths unaligned (D5).
+    for i, dcp in enumerate([(1, 0, 1), (2, 1, 2)]):
+        out.append(make_scenario(f"circular-dcp{dcp[0]}", 600 + i,
+                                 [_attention(64, 32), {"kind": "circular", "block_size": 16}], dcp=dcp))
+    # Packed compressed caches: kernel block j of block b is b*kernel_block_stride + j.
+    for i, (b, k, stride) in enumerate([(64, 16, 8), (128, 64, 5)]):
+        out.append(make_scenario(f"kernel-stride-b{b}-k{k}-s{stride}", 700 + i,
+                                 [_attention(b, k, kernel_block_stride=stride)]))
+    # Longer schedules with heavy churn: many preemptions, re-adds, moves and swaps.
+    for i in range(4):
+        out.append(make_scenario(f"churn-{i}", 800 + i, [_attention([16, 128, 64, 32][i], [None, 64, 16, 16][i]),
+                                                         _mamba(1024)] if i % 2 else [_attention(16 << i, None)],
+                                 num_steps=6, max_num_reqs=5))
+    # No padding at all (num_reqs_padded == num_reqs, tokens unpadded).
+    out.append(make_scenario("unpadded-b32", 900, [_attention(32, 16), _attention(128, None)],
+                             features=("preempt", "swap")))
+    return out
+
+
+def _hand_scenarios() -> list[dict[str, Any]]:
+    """Named cases from the research note and the D-table, each aimed at one behaviour."""
+    return [
+        # Note §7.3: the same two-group batch in both runners.
+        {"name": "note-7.3-two-groups", "max_num_reqs": 4, "max_num_batched_tokens": 64,
+         "groups": [_attention(128, 64, max_num_blocks=4), _attention(16, None, max_num_blocks=32)],
+         "steps": [{"ops": [["add", "a", [[3, 7], [1, 2, 3, 4, 5]]], ["append", "a", [[9], [6]]],
+                            ["add", "b", [[5], [10, 11]]]],
+                    "batch": [["a", [126, 127, 128]], ["b", [0, 1]]], "num_reqs_padded": 3, "num_tokens_padded": 8}]},
+        # Note §2.2 [run] stale tails: slot 0 [5,9,11,12], re-added as [7] -> gathered [7,9,11,12,...].
+        {"name": "stale-tail-readd", "max_num_reqs": 2, "max_num_batched_tokens": 32,
+         "groups": [_attention(16, None, max_num_blocks=8)],
+         "steps": [{"ops": [["add", "a", [[5, 9, 11, 12]]]], "batch": [["a", [50, 51]]]},
+                   {"ops": [["preempt", "a"]]},
+                   {"ops": [["add", "a", [[7]]]], "batch": [["a", [0, 1, 2]]], "num_reqs_padded": 2,
+                    "num_tokens_padded": 5}]},
+        # Note §2.2 [run] sliding window: reach 20, B=16, first position 50 -> [0,9,11,12].
+        {"name": "sliding-window-note", "max_num_reqs": 2, "max_num_batched_tokens": 16,
+         "groups": [_attention(16, None, max_num_blocks=8, sliding_window_reach=20)],
+         "steps": [{"ops": [["add", "a", [[5, 9, 11, 12]]]], "batch": [["a", [50, 51, 52]]]}]},
+        # Note §7.3 DCP: W=2, r=1 with interleave 1 and 4.
+        *[{"name": f"note-7.3-dcp2-r1-i{itl}", "max_num_reqs": 4, "max_num_batched_tokens": 10, "dcp": [2, 1, itl],
+           "groups": [_attention(16, None, max_num_blocks=8)],
+           "steps": [{"ops": [["add", "a", [[5, 9, 11]]], ["add", "b", [[3, 4, 7]]]],
+                      "batch": [["a", [30, 31, 32, 33, 34]], ["b", [0, 1, 2]]]}]} for itl in (1, 4)],
+        # MRv1 swap with a free row (rows 1 <-> 3 and back), and a move into a stale row.
+        {"name": "swap-free-row-and-back", "max_num_reqs": 4, "max_num_batched_tokens": 32,
+         "groups": [_attention(32, 16, max_num_blocks=4), _mamba(512)],
+         "steps": [{"ops": [["add", "a", [[1, 2], [40]]], ["add", "b", [[3], [41]]]],
+                    "batch": [["a", [0, 1, 40]], ["b", [5]]]},
+                   {"ops": [["swap", 1, 3], ["add", "c", [[4, 5, 6], [42]]]], "batch": [["a", [41]], ["c", [64, 65]]]},
+                   {"ops": [["swap", 3, 1], ["remove", "a"], ["move", 3, 0]],
+                    "batch": [["c", [66]], ["b", [6, 7]]], "num_reqs_padded": 3, "num_tokens_padded": 6}]},
+        # D3: the Mamba group's MRv1 buffer keeps a PAD written by an earlier step's padding.
+        {"name": "mamba-none-reads-old-pad", "max_num_reqs": 2, "max_num_batched_tokens": 16,
+         "groups": [_attention(16, None, max_num_blocks=4), _mamba(256)],
+         "steps": [{"ops": [["add", "a", [[8], [30]]]], "batch": [["a", [0, 1]]], "num_tokens_padded": 6},
+                   {"ops": [["add", "b", [[9], [31]]]], "batch": [["a", [2, 3, 4]], ["b", [0, 1, 2, 3]]],
+                    "num_tokens_padded": 8}]},
+        # Block id * B past 2**31: MRv1 slots are int64, MRv2's kernel multiplies in int32.
+        {"name": "mrv2-slot-int32-overflow", "max_num_reqs": 2, "max_num_batched_tokens": 4,
+         "groups": [_attention(16, None, max_num_blocks=8)],
+         "steps": [{"ops": [["add", "a", [[200_000_000]]]], "batch": [["a", [5, 6]]]}]},
+        # D20: a row overflowing its (aligned) width fails in both runners (numpy ValueError /
+        # RuntimeError in vLLM, ConfigError in the reference).
+        {"name": "row-overflow-fails", "expect_error": True, "max_num_reqs": 2, "max_num_batched_tokens": 4,
+         "groups": [_attention(16, None, max_num_blocks=2)],
+         "steps": [{"ops": [["add", "a", [[1, 2, 3]]]], "batch": [["a", [0]]]},
+                   {"ops": [["append", "a", [[4, 5, 6, 7, 8, 9]]]], "batch": [["a", [40]]]}]},
+        # D9: a batch padded to max_num_reqs rows and dummy (idx_mapping=-1) requests in MRv2.
+        {"name": "padded-rows-and-dummies", "max_num_reqs": 4, "max_num_batched_tokens": 24,
+         "groups": [_attention(64, 16, max_num_blocks=2), _attention(16, None, max_num_blocks=8)],
+         "steps": [{"ops": [["add", "a", [[2], [3, 4]]]], "batch": [["a", [16, 17]]], "num_reqs_padded": 4,
+                    "dummy_tokens": [3, 1], "num_tokens_padded": 10},
+                   {"ops": [["add", "b", [[5, 6], [7, 8, 9, 10, 11, 12, 13, 14]]]],
+                    "batch": [["a", [18]], ["b", [100, 127]]], "num_reqs_padded": 2, "num_tokens_padded": 3}]},
+    ]
+
+
+SCENARIOS: list[dict[str, Any]] = _hand_scenarios() + _random_scenarios()
+
+_VLLM_SPEC = importlib.util.find_spec("vllm")
+if _VLLM_SPEC is not None and _VLLM_SPEC.origin is not None:  # not tests/vllm as a namespace package
+    # Start the driver subprocess at collection: its ~8 s vLLM import then overlaps the
+    # conftest's own vLLM import instead of delaying the first scenario.
+    prewarm()
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def _ref_op(op: Sequence[Any]) -> rb.Op:
+    kind = op[0]
+    if kind == "add":
+        return rb.Add(op[1], op[2])
+    if kind == "append":
+        return rb.Append(op[1], op[2])
+    if kind == "remove":
+        return rb.Remove(op[1])
+    if kind == "preempt":
+        return rb.Preempt(op[1])
+    if kind == "move":
+        return rb.Move(op[1], op[2])
+    return rb.Swap(op[1], op[2])
+
+
+def _ratio(group: Mapping[str, Any]) -> tuple[int, int]:
+    """``(R, kernel_block_stride)`` as ``map_to_kernel_block_table`` uses them."""
+    k = group["kernel_block_size"]
+    if k is None or k == group["block_size"]:
+        return 1, 0
+    return group["block_size"] // k, group["kernel_block_stride"]
+
+
+def _blocks(result: rb.ScheduleResult) -> dict[str, list[list[int]]]:
+    return {req: [list(g) for g in ids] for req, ids in result.blocks.items()}
+
+
+class _RefMRv1:
+    """The reference's MRv1 model, stepped like ``gpu_impl``'s ``_MRv1`` driver."""
+
+    def __init__(self, sc: Mapping[str, Any]) -> None:
+        groups, (W, r, I) = sc["groups"], sc["dcp"]
+        self.groups = groups
+        self.tables = rb.MRv1MultiGroupBlockTable(
+            sc["max_num_reqs"], sc["max_num_batched_tokens"], [g["block_size"] for g in groups],
+            [g["max_num_blocks"] for g in groups], I, [g["mrv1_slot_mapping"] for g in groups],
+            dcp_world_size=W, dcp_rank=r,
+        )
+        self.state = rb.MRv1ScheduleState(self.tables)
+        self.widths = self.tables.widths
+
+    def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
+        for op in step["ops"]:
+            self.state.apply(_ref_op(op))
+        res = self.state.result()
+        obs: dict[str, Any] = {"locations": dict(res.locations), "blocks": _blocks(res)}
+        if step["batch"]:
+            n = len(step["batch"])
+            qsl, positions, _, _ = step_token_layout(step)
+            self.tables.compute_slot_mapping(n, qsl, positions)
+            rows = self.tables.batch_rows(n, step["num_reqs_padded"])
+            obs["tables"] = rows
+            obs["kernel_tables"] = [rb.map_to_kernel_block_table(rows[g], *_ratio(grp))
+                                    for g, grp in enumerate(self.groups)]
+            obs["slot_mappings"] = self.tables.get_slot_mappings(len(positions), step["num_tokens_padded"])
+        return obs
+
+
+class _RefMRv2:
+    """The reference's MRv2 model, stepped like ``gpu_impl``'s ``_MRv2`` driver."""
+
+    def __init__(self, sc: Mapping[str, Any]) -> None:
+        groups, (W, r, I) = sc["groups"], sc["dcp"]
+        self.groups = groups
+        self.widths = [rb.get_block_table_width(g["max_num_blocks"], g["block_size"], g["token_alignment"])
+                       for g in groups]
+        self.tables = rb.MRv2BlockTables(
+            [g["block_size"] for g in groups], sc["max_num_reqs"], sc["max_num_batched_tokens"], self.widths,
+            W, r, I, [g["mrv2_slot_mapping"] for g in groups], [g["dcp_sharded"] for g in groups],
+            [g["sliding_window_reach"] for g in groups],
+        )
+        self.state = rb.MRv2ScheduleState(self.tables)
+
+    def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
+        for op in step["ops"]:
+            self.state.apply(_ref_op(op))
+        res = self.state.result()
+        obs: dict[str, Any] = {"locations": dict(res.locations), "blocks": _blocks(res)}
+        if step["batch"]:
+            idx = [res.locations[req] for req, _ in step["batch"]]
+            computed = {res.locations[req]: p for req, p in first_positions(step).items()}
+            gathered = self.tables.gather(idx, step["num_reqs_padded"], num_computed_tokens=computed)
+            _, _, qsl_all, positions_all = step_token_layout(step)
+            obs["tables"] = [list(t) for t in gathered]
+            obs["kernel_tables"] = [rb.map_to_kernel_block_table(gathered[g], *_ratio(grp))
+                                    for g, grp in enumerate(self.groups)]
+            obs["slot_mappings"] = self.tables.compute_slot_mappings(
+                idx + [-1] * len(step["dummy_tokens"]), qsl_all, positions_all, step["num_tokens_padded"])
+        return obs
+
+
+def _predict_runner(sc: Mapping[str, Any], cls: type[_RefMRv1] | type[_RefMRv2]) -> dict[str, Any]:
+    """Every step; a ``ConfigError`` ends the run with ``error`` at its step (-1: construction)."""
+    try:
+        model = cls(sc)
+    except ConfigError as exc:
+        return {"widths": [], "steps": [], "error": {"step": -1, "message": f"ConfigError: {exc}"}}
+    steps: list[dict[str, Any]] = []
+    for k, step in enumerate(sc["steps"]):
+        try:
+            steps.append(model.step(step))
+        except ConfigError as exc:
+            return {"widths": model.widths, "steps": steps, "error": {"step": k, "message": f"ConfigError: {exc}"}}
+    return {"widths": model.widths, "steps": steps}
+
+
+def predict(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """The reference's prediction, shaped like ``observe_block_tables``' result."""
+    sc = normalize_scenario(scenario)
+    return {"name": sc["name"], "mrv1": _predict_runner(sc, _RefMRv1), "mrv2": _predict_runner(sc, _RefMRv2)}
+
+
+# --------------------------------------------------------------------------- diff
+
+
+def _diff_rows(where: str, ref: list[list[int]], got: list[list[int]], prefix_len: Callable[[int], int | None],
+               problems: list[str]) -> None:
+    """Row by row; ``prefix_len(i)`` None compares row ``i`` whole, else its first entries."""
+    if len(ref) != len(got):
+        problems.append(f"{where}: reference has {len(ref)} rows, vLLM {len(got)}")
+        return
+    for i, (a, b) in enumerate(zip(ref, got)):
+        n = prefix_len(i)
+        a_cmp, b_cmp = (a, b) if n is None else (a[:n], b[:n])
+        if a_cmp != b_cmp:
+            part = "" if n is None else f"[:{n}]"
+            problems.append(f"{where} row {i}{part}: reference {a_cmp}, vLLM {b_cmp}")
+
+
+def _diff_step(runner: str, k: int, sc: Mapping[str, Any], ref: Mapping[str, Any], got: Mapping[str, Any],
+               problems: list[str]) -> None:
+    step = sc["steps"][k]
+    where = f"step {k} {runner}"
+    for field in ("locations", "blocks"):
+        if ref[field] != got.get(field):
+            problems.append(f"{where} {field}: reference {ref[field]}, vLLM {got.get(field)}")
+    if not step["batch"]:
+        return
+    n = len(step["batch"])
+    for g, grp in enumerate(sc["groups"]):
+        R = _ratio(grp)[0]
+        counts = [len(ref["blocks"].get(req, [[]] * len(sc["groups"]))[g]) for req, _ in step["batch"]]
+
+        def prefix(i: int, scale: int) -> int | None:
+            # D7: MRv2 gathered rows keep stale ids past num_blocks; padded rows are zeroed whole.
+            return counts[i] * scale if runner == "mrv2" and i < n else None
+
+        _diff_rows(f"{where} tables[g={g}]", ref["tables"][g], got["tables"][g], lambda i: prefix(i, 1), problems)
+        _diff_rows(f"{where} kernel_tables[g={g}]", ref["kernel_tables"][g], got["kernel_tables"][g],
+                   lambda i: prefix(i, R), problems)
+        a, b = ref["slot_mappings"][g], got["slot_mappings"][g]
+        if a != b:
+            bad = [t for t in range(max(len(a), len(b))) if a[t:t + 1] != b[t:t + 1]]
+            problems.append(f"{where} slot_mappings[g={g}] differ at tokens {bad[:8]}: reference {a}, vLLM {b}")
+
+
+def _diff_final(sc: Mapping[str, Any], got: Mapping[str, Any], problems: list[str]) -> None:
+    """``run_schedule_mrv1/mrv2`` over the whole schedule against vLLM's state after the last step."""
+    groups = sc["groups"]
+    ops = [_ref_op(op) for step in sc["steps"] for op in step["ops"]]
+    sizes, max_blocks = [g["block_size"] for g in groups], [g["max_num_blocks"] for g in groups]
+    common = {"max_num_batched_tokens": sc["max_num_batched_tokens"]}
+    final = {
+        "mrv1": rb.run_schedule_mrv1(ops, sizes, max_blocks, sc["max_num_reqs"],
+                                     slot_mapping_modes=[g["mrv1_slot_mapping"] for g in groups], **common),
+        "mrv2": rb.run_schedule_mrv2(ops, sizes, max_blocks, sc["max_num_reqs"],
+                                     token_alignments=[g["token_alignment"] for g in groups], **common),
+    }
+    for runner, res in final.items():
+        steps = got[runner]["steps"]
+        if len(steps) != len(sc["steps"]):
+            continue  # already reported
+        if dict(res.locations) != steps[-1]["locations"] or _blocks(res) != steps[-1]["blocks"]:
+            problems.append(f"{runner} run_schedule final state: reference {dict(res.locations)} {_blocks(res)}, "
+                            f"vLLM {steps[-1]['locations']} {steps[-1]['blocks']}")
+
+
+def diff(scenario: Mapping[str, Any], ref: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
+    """Every field where the reference's prediction and vLLM's observation differ."""
+    sc = normalize_scenario(scenario)
+    problems: list[str] = []
+    for runner in ("mrv1", "mrv2"):
+        r, o = ref[runner], got[runner]
+        r_err, o_err = r.get("error"), o.get("error")
+        err_step = [e["step"] if e else None for e in (r_err, o_err)]
+        if err_step[0] != err_step[1]:
+            # Only whether and where a runner fails is compared: the messages differ by design (D20).
+            problems.append(f"{runner}: reference error {r_err!r}, vLLM error {o_err!r}")
+        if -1 in err_step:
+            continue
+        if r["widths"] != o["widths"]:
+            problems.append(f"{runner} widths: reference {r['widths']}, vLLM {o['widths']}")
+        for k, (rs, os_) in enumerate(zip(r["steps"], o["steps"])):
+            _diff_step(runner, k, sc, rs, os_, problems)
+        if len(r["steps"]) != len(o["steps"]) and err_step[0] == err_step[1]:
+            problems.append(f"{runner}: reference ran {len(r['steps'])} steps, vLLM {len(o['steps'])}")
+    if not any("error" in got[runner] for runner in ("mrv1", "mrv2")):
+        _diff_final(sc, got, problems)
+    return problems
+
+
+def _report(scenario: Mapping[str, Any], problems: list[str]) -> str:
+    lines = [f"scenario {scenario['name']!r}: reference.block_tables and vLLM 0.33.0 disagree"]
+    lines += [f"  - {p}" for p in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        lines.append(f"  ... and {len(problems) - MAX_PROBLEMS} more")
+    lines.append(f"scenario JSON: {json.dumps(scenario, separators=(',', ':'))}")
+    lines.append(f"replay (vLLM side): {replay_command(scenario)}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def _params() -> list[Any]:
+    params = []
+    for sc in SCENARIOS:
+        marks = []
+        if sc["name"] in KNOWN_DISAGREEMENTS:
+            marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_DISAGREEMENTS[sc["name"]]))
+        params.append(pytest.param(sc, id=sc["name"], marks=marks))
+    return params
+
+
+def test_scenario_set_is_broad() -> None:
+    """The generated set covers what the brief promises (and is deterministic)."""
+    assert len(SCENARIOS) >= 40 and len({s["name"] for s in SCENARIOS}) == len(SCENARIOS)
+    assert SCENARIOS == _hand_scenarios() + _random_scenarios()
+    norm = [normalize_scenario(s) for s in SCENARIOS]
+    blocks = {g["block_size"] for s in norm for g in s["groups"] if g["kind"] == "attention"}
+    assert {16, 32, 64, 128, 256} <= blocks
+    assert {len(s["groups"]) for s in norm} >= {1, 2, 3}
+    assert {s["dcp"][0] for s in norm} >= {1, 2, 4} and {s["dcp"][2] for s in norm} >= {1, 2, 8}
+    ops = {op[0] for s in norm for st in s["steps"] for op in st["ops"]}
+    assert ops == {"add", "append", "remove", "preempt", "move", "swap"}
+    assert any(g["kind"] == "mamba" for s in norm for g in s["groups"])
+    assert any(g["sliding_window_reach"] for s in norm for g in s["groups"])
+    assert any(st["num_reqs_padded"] > len(st["batch"]) for s in norm for st in s["steps"])
+    assert any(st["dummy_tokens"] for s in norm for st in s["steps"])
+    # The reference accepts every scenario but the ones meant to fail: a ConfigError
+    # elsewhere would be a broken generator.
+    for s in SCENARIOS:
+        pred = predict(s)
+        errors = ["error" in pred["mrv1"], "error" in pred["mrv2"]]
+        assert errors == [bool(s.get("expect_error"))] * 2, (s["name"], pred)
+
+
+@pytest.mark.parametrize("scenario", _params())
+def test_block_tables_match_vllm(scenario: dict[str, Any]) -> None:
+    got = observe_block_tables(scenario)
+    if "unsupported" in got:
+        pytest.skip(f"vLLM block tables cannot be driven here: {got['unsupported']}")
+    assert "invalid" not in got, _report(scenario, [f"driver rejected the scenario: {got['invalid']}"])
+    problems = diff(scenario, predict(scenario), got)
+    assert not problems, _report(scenario, problems)
+    if scenario.get("expect_error"):
+        # Both runners fail on the step that overflows (diffed against the reference above).
+        assert [got[r]["error"]["step"] for r in ("mrv1", "mrv2")] == [1, 1], got
+
+
+def test_invalid_scenario_is_reported_not_crashed() -> None:
+    # MRv1 batches are rows 0..n-1 in order; "b" sits in row 1.
+    bad = {"name": "not-dense", "max_num_reqs": 2, "max_num_batched_tokens": 8,
+           "groups": [_attention(16, None, max_num_blocks=2)],
+           "steps": [{"ops": [["add", "a", [[1]]], ["add", "b", [[2]]]], "batch": [["b", [0]]]}]}
+    got = observe_block_tables(bad)
+    if "unsupported" in got:
+        pytest.skip(got["unsupported"])
+    assert "MRv1 batches are rows 0..n-1" in got["invalid"]
+
+
+def _blocked_vllm_env(tmp_path: Path) -> dict[str, str]:
+    """An environment where ``import vllm`` fails, as on a machine without vLLM."""
+    fake = tmp_path / "vllm"
+    fake.mkdir()
+    # ModuleNotFoundError, as for a package that is not installed (importorskip only
+    # skips on that one; a plain ImportError means "installed but broken").
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError('vllm blocked by the kvconform test', name='vllm')\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("PYTEST_XDIST_WORKER", None)
+    return env
+
+
+def test_folder_skips_with_a_reason_without_vllm(tmp_path: Path) -> None:
+    """tests/vllm/conftest.py skips this module, with its reason, when vLLM is missing."""
+    env = _blocked_vllm_env(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-rs", "-q",
+         str(Path(__file__)), "-k", "note-7.3-two-groups or stale-tail-readd"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text  # importable without vLLM: no collection error
+    assert "2 skipped" in text, text
+    assert "vllm is not importable" in text and "needs vllm==0.33.0" in text, text
+
+
+def test_driver_reports_unsupported_without_vllm(tmp_path: Path) -> None:
+    """The replay CLI answers ``{"unsupported": ...}`` instead of crashing without vLLM."""
+    scenario = _hand_scenarios()[0]
+    out = subprocess.run(
+        [sys.executable, "-m", "gpu_impl.vllm_cpu.block_tables", json.dumps(scenario)],
+        cwd=REPO, env=_blocked_vllm_env(tmp_path), capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 1, out.stderr
+    reply = json.loads(out.stdout)
+    assert "vllm blocked by the kvconform test" in reply["unsupported"], reply
+
+
+def test_replay_command_is_one_line() -> None:
+    cmd = replay_command(SCENARIOS[0])
+    assert "\n" not in cmd and "-m gpu_impl.vllm_cpu.block_tables" in cmd
+    assert json.loads(shlex.split(cmd)[-1]) == SCENARIOS[0]
