@@ -41,7 +41,7 @@ def _vllm_problem() -> str | None:
 @pytest.fixture(scope="session", autouse=True)
 def vllm_cpu_shims() -> list[str]:
     """Skip the folder without vLLM 0.33.0; otherwise apply the CPU shim set once."""
-    pytest.importorskip("vllm", reason=f"vllm is not importable; {_NEEDS}")
+    pytest.importorskip("vllm", reason=f"vllm is not importable; {_NEEDS}", exc_type=ImportError)
     problem = _vllm_problem()
     if problem is not None:
         pytest.skip(problem)
