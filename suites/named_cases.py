@@ -173,6 +173,15 @@ def _build() -> dict[str, CaseConfig]:
         CaseConfig("b12x-two-slots", _qwen3_like(backend="B12X"), block_size=64, num_blocks=4, model_dtype="bfloat16"),
         CaseConfig("cpu-attn-b32", _qwen3_like(backend="CPU_ATTN"), block_size=32, num_blocks=4),
         CaseConfig("nixl-dense-fa", _qwen3_like(), block_size=16, num_blocks=8, connector="nixl"),
+        CaseConfig(
+            "gqa+draft-attention-backend-b128",
+            _qwen3_like(backend="TRITON_ATTN")
+            + (LayerConfig("draft.layers.2.attn", backend="FLASHINFER", num_kv_heads=8, head_size=128, is_draft=True),),
+            block_size=128,
+            num_blocks=4,
+            attention_backend="TRITON_ATTN",
+            note="--attention-backend TRITON_ATTN: MRv2's draft keeps it, MRv1's auto-selects FlashInfer (D1).",
+        ),
     ]
     return {c.name: c for c in cases}
 
