@@ -241,10 +241,11 @@ class RecordingConnector(KVConnectorBase_V1, SupportsHMA):
         head_size = int(getattr(layer, "head_size", content // 2))
         head_size_v = int(getattr(layer, "head_size_v", content - head_size))
         kb = num_kernel_blocks - 1
-        codes = torch.arange(1, heads + 1, dtype=torch.float32).view(1, heads, 1)
+        # On the cache's own device: the write kernel would fault on host tensors on a GPU.
+        codes = torch.arange(1, heads + 1, dtype=torch.float32, device=cache.device).view(1, heads, 1)
         key = codes.expand(tokens, heads, head_size).to(cache.dtype).contiguous()
         value = (-codes).expand(tokens, heads, head_size_v).to(cache.dtype).contiguous()
-        slots = torch.arange(tokens, dtype=torch.int64) + kb * tokens
+        slots = torch.arange(tokens, dtype=torch.int64, device=cache.device) + kb * tokens
         saved = cache[kb].clone()
         try:
             cache[kb].zero_()
