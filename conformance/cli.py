@@ -140,6 +140,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def divergent_cases(report: Any, source: str) -> list:
+    """The configs of a ``kvconform run`` report that had an unexpected divergence."""
+    from reference.config import CaseConfig
+    from reference.errors import ConfigError
+
+    if not isinstance(report, dict) or report.get("schema") != "kvconform.report/1":
+        found = report.get("schema") if isinstance(report, dict) else type(report).__name__
+        raise UsageError(f"{source}: schema {found!r} is not a kvconform run report ('kvconform.report/1')")
+    cases = []
+    for i, result in enumerate(report.get("results", [])):
+        runners = result.get("runners", {}).values()
+        failed = any(r.get("status") == "fail" for r in runners) or any(
+            m.get("expected_by") is None for m in result.get("mrv1_mrv2_mismatches", [])
+        )
+        if not failed:
+            continue
+        try:
+            cases.append(CaseConfig.from_dict(result["config"]))
+        except (KeyError, ConfigError) as exc:
+            raise UsageError(f"{source}: results[{i}] has no valid config: {exc}") from None
+    return cases
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    path = Path(args.report)
+    if not path.is_file():
+        raise UsageError(f"report {args.report!r} does not exist")
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{args.report}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    cases = divergent_cases(report, args.report)
+    if not cases:
+        raise NothingRan(f"{args.report} has no divergent cases to replay")
+    expectations, source = _load_expectations(args)
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise NothingRan("vLLM is not installed, so there is nothing to replay against")
+    from conformance.vllm_run import run_against_vllm
+
+    # With --json - stdout carries only the JSON report.
+    print(f"kvconform: replaying {len(cases)} divergent case(s) from {args.report}", file=sys.stderr if args.json == "-" else sys.stdout)
+    return run_against_vllm(cases, json_target=args.json, quiet=args.json == "-", expectations=expectations, expectations_source=source)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvconform", description="KV-cache layout conformance for vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +210,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("replay", help="rerun exactly the divergent configs of a `kvconform run --json` report")
+    p.add_argument("report", help="a report written by `kvconform run --json FILE`")
+    p.add_argument("--json", metavar="FILE", help="write the replay's report as JSON ('-' for stdout only)")
+    p.add_argument("--expectations", metavar="FILE", help="known divergences (default: the shipped file)")
+    p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
+    p.set_defaults(func=_cmd_replay)
     return parser
 
 

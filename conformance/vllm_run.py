@@ -59,34 +59,61 @@ def run_against_vllm(
     env = _environment()
     if not quiet:
         print(f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, {len(cases)} cases x {len(RUNNERS)} runners")
-    ran: list[tuple[CaseConfig, list[Comparison], tuple[Divergence, ...]]] = []
-    facts = {}
+    everything: list[Divergence] = []
+    facts: dict[str, Any] = {}
+    counts: dict[str, int] = {}
+    results: list[dict[str, Any]] = []
+    matrix: dict[str, dict[str, dict[str, int]]] = {}
+
+    def report(complete: bool, verdict: Classification | None = None) -> dict[str, Any]:
+        return {
+            "schema": "kvconform.report/1",
+            "complete": complete,
+            "environment": env,
+            "started": started,
+            "duration_s": round(time.time() - started, 3),
+            "counts": counts,
+            "expectations": {
+                "file": expectations_source,
+                "expected": None if verdict is None else len(verdict.expected),
+                "unexpected": None if verdict is None else len(verdict.unexpected),
+                "unused": None if verdict is None else [e.id for e in verdict.unused],
+            },
+            "results": results,
+        }
+
     for case in cases:
         observations = {runner: observe(case, runner) for runner in RUNNERS}
-        case_comparisons = [compare(case, runner, observations[runner]) for runner in RUNNERS]
-        ran.append((case, case_comparisons, compare_runners(case, observations["mrv1"], observations["mrv2"])))
+        comparisons = [compare(case, runner, observations[runner]) for runner in RUNNERS]
+        diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
         facts[case.name] = case_facts(case, observations.values())
-    everything = [d for _, comparisons, diffs in ran for d in (*(d for c in comparisons for d in c.divergences), *diffs)]
-    verdict = classify(everything, Environment(env["vllm"], facts), expectations)
+        mine = [*(d for c in comparisons for d in c.divergences), *diffs]
+        everything += mine
+        # Matching is per divergence (first entry wins), so one case can be classified
+        # on its own and written out before the next starts.
+        case_verdict = classify(mine, Environment(env["vllm"], {case.name: facts[case.name]}), expectations)
 
-    def expected_by(d: Divergence) -> str | None:
-        entry = verdict.expectation_for(d)
-        return None if entry is None else entry.id
+        def expected_by(d: Divergence) -> str | None:
+            entry = case_verdict.expectation_for(d)
+            return None if entry is None else entry.id
 
-    counts: dict[str, int] = {}
-    results = []
-    for case, comparisons, diffs in ran:
         runners = {}
+        row = matrix.setdefault(_primary_backend(case), {})
         for c in comparisons:
             status = c.status
             if status == "fail" and all(expected_by(d) for d in c.divergences):
                 status = "expected"  # every divergence is a known one
             counts[status] = counts.get(status, 0) + 1
+            cell = row.setdefault(c.runner, {})
+            cell[status] = cell.get(status, 0) + 1
             runners[c.runner] = {
                 "status": status,
                 "detail": c.detail,
                 "divergences": [d.__dict__ | {"message": d.message, "expected_by": expected_by(d)} for d in c.divergences],
             }
+        same = "pass" if not diffs else ("expected" if all(expected_by(d) for d in diffs) else "fail")
+        cell = row.setdefault("mrv1=mrv2", {})
+        cell[same] = cell.get(same, 0) + 1
         results.append(
             {
                 "case": case.name,
@@ -99,35 +126,52 @@ def run_against_vllm(
                 ],
             }
         )
+        if json_target and json_target != "-":
+            _write_atomically(Path(json_target), report(complete=False))
         if not quiet:
             statuses = " ".join(f"{runner}:{r['status']}" for runner, r in runners.items())
-            known = ", expected" if diffs and all(expected_by(d) for d in diffs) else ""
+            known = ", expected" if diffs and same == "expected" else ""
             print(f"  {case.name:34} {statuses}" + (f"  MRv1/MRv2 differ ({len(diffs)}{known})" if diffs else ""))
-    report = {
-        "schema": "kvconform.report/1",
-        "environment": env,
-        "started": started,
-        "duration_s": round(time.time() - started, 3),
-        "counts": counts,
-        "expectations": {
-            "file": expectations_source,
-            "expected": len(verdict.expected),
-            "unexpected": len(verdict.unexpected),
-            "unused": [e.id for e in verdict.unused],
-        },
-        "results": results,
-    }
+    verdict = classify(everything, Environment(env["vllm"], facts), expectations)
+    final = report(complete=True, verdict=verdict)
     if json_target == "-":
-        print(json.dumps(report, indent=2, sort_keys=True, default=str))
+        print(json.dumps(final, indent=2, sort_keys=True, default=str))
     elif json_target:
-        Path(json_target).write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+        _write_atomically(Path(json_target), final)
     if not quiet:
-        _print_verdict(verdict, counts, {case.name: case for case, _, _ in ran})
+        _print_matrix(matrix)
+        _print_verdict(verdict, counts, {case.name: case for case in cases})
     if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) == 0:
         if not quiet:
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
         return 5
     return 1 if verdict.unexpected else 0
+
+
+def _primary_backend(case: CaseConfig) -> str:
+    return next((layer.backend for layer in case.layers if not layer.is_draft), case.layers[0].backend)
+
+
+def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
+    """Replace the report in one step, so an interrupted run leaves a valid JSON file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
+def _print_matrix(matrix: dict[str, dict[str, dict[str, int]]]) -> None:
+    columns = ("mrv1", "mrv2", "mrv1=mrv2")
+    rows = [["backend", *columns]]
+    for backend in sorted(matrix):
+        cells = []
+        for column in columns:
+            counts = matrix[backend].get(column, {})
+            cells.append(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "-")
+        rows.append([backend, *cells])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns) + 1)]
+    print()
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
 def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[str, CaseConfig]) -> None:

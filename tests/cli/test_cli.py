@@ -107,3 +107,46 @@ def test_bad_expectations_file_is_a_one_line_usage_error(tmp_path: Path, content
     assert out.returncode == 4
     assert message in out.stderr and str(path) in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def _report(results: list[dict]) -> dict:
+    return {"schema": "kvconform.report/1", "results": results}
+
+
+def test_replay_selects_only_divergent_cases() -> None:
+    from conformance.cli import divergent_cases
+    from suites.named_cases import CASES
+
+    ok, bad, known = CASES["flashinfer-b16"], CASES["fp8-fa-b16"], CASES["mamba-hybrid"]
+    report = _report(
+        [
+            {"config": ok.to_dict(), "runners": {"mrv1": {"status": "pass"}}, "mrv1_mrv2_mismatches": []},
+            {"config": bad.to_dict(), "runners": {"mrv1": {"status": "fail"}}, "mrv1_mrv2_mismatches": []},
+            {"config": known.to_dict(), "runners": {"mrv1": {"status": "pass"}}, "mrv1_mrv2_mismatches": [{"expected_by": "x"}]},
+        ]
+    )
+    assert divergent_cases(report, "r.json") == [bad]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{", "malformed JSON"),
+        ('{"schema": "other/1", "results": []}', "schema 'other/1' is not a kvconform run report"),
+        ('{"schema": "kvconform.report/1", "results": [{"runners": {"mrv1": {"status": "fail"}}}]}', "results[0] has no valid config"),
+    ],
+)
+def test_replay_rejects_bad_reports(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    out = kvconform("replay", str(path))
+    assert out.returncode == 4, out.stderr
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_replay_of_a_clean_report_runs_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_report([])))
+    out = kvconform("replay", str(path))
+    assert out.returncode == 5
+    assert "no divergent cases" in out.stderr

@@ -64,3 +64,50 @@ def test_run_classifies_with_expectations(tmp_path: Path) -> None:
 
     out = run("--no-expectations")
     assert out.returncode == 1 and "MRv1/MRv2 MISMATCH" in out.stdout
+
+
+def test_a_killed_run_leaves_a_valid_partial_report(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    target = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conformance.cli", "run", "--json", str(target)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not target.exists():
+            time.sleep(0.05)
+        assert target.exists(), "no report was written before the deadline"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    report = json.loads(target.read_text())  # written atomically: always valid JSON
+    assert report["complete"] is False
+    assert 1 <= len(report["results"]) < 29
+    assert report["results"][0]["runners"]["mrv1"]["status"] == "pass"
+
+
+def test_replay_reruns_the_divergent_case(tmp_path: Path) -> None:
+    from suites.named_cases import CASES
+
+    case = CASES["flashinfer-b128-k64"]
+    report = {
+        "schema": "kvconform.report/1",
+        "results": [{"config": case.to_dict(), "runners": {"mrv1": {"status": "fail"}}, "mrv1_mrv2_mismatches": []}],
+    }
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(report))
+    out = subprocess.run(
+        [sys.executable, "-m", "conformance.cli", "replay", str(path), "--json", "-"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    replayed = json.loads(out.stdout[out.stdout.index("{"):])
+    assert [r["case"] for r in replayed["results"]] == ["flashinfer-b128-k64"]
+    assert replayed["counts"] == {"pass": 2}
