@@ -186,6 +186,28 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return run_against_vllm(cases, json_target=args.json, quiet=args.json == "-", expectations=expectations, expectations_source=source)
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    """A connector adapter's registration against the reference (conformance.connectors)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise NothingRan("`kvconform check` builds real CPU tensors for the connector and needs torch (CPU is enough)")
+    from conformance.connectors.validate import load_connector, validate_registration
+
+    try:
+        load_connector(args.connector)
+    except (ValueError, ImportError, AttributeError) as exc:
+        raise UsageError(f"--connector {args.connector!r}: {exc}") from None
+    cases = _select_cases(args.case)
+    report = validate_registration(args.connector, cases=cases, runners=tuple(args.runner or ("mrv1", "mrv2")))
+    if args.json != "-":
+        print(report.format())
+    _write_json(report.to_dict(), args.json)
+    if not any(r.status != "skipped" for r in report.results):
+        return EXIT_NOTHING_RAN
+    return EXIT_OK if report.ok else EXIT_DIVERGENCE
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvconform", description="KV-cache layout conformance for vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -217,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expectations", metavar="FILE", help="known divergences (default: the shipped file)")
     p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("check", help="a KV connector adapter's registration against the reference")
+    p.add_argument("--connector", required=True, metavar="MODULE:NAME", help="adapter class/factory, e.g. mypkg.adapters:MyAdapter")
+    p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
+    p.add_argument("--runner", action="append", choices=("mrv1", "mrv2"), help="runner(s) to derive for (default: both)")
+    p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    p.set_defaults(func=_cmd_check)
     return parser
 
 

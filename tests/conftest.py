@@ -1,21 +1,13 @@
-"""Test-suite settings: one hypothesis profile, chosen explicitly so CI=true changes nothing."""
+"""Test-suite settings live in the kvconform pytest plugin (``conformance/pytest_plugin.py``).
 
-from __future__ import annotations
+The plugin (the ``pytest11`` entry point of this package) registers the hypothesis profiles
+``kvconform-ci``/``kvconform-thorough``/``kvconform-gpu`` and loads one explicitly in
+``pytest_configure`` (``--kvconform-profile``, default ``ci``), so ``CI=true``, which makes
+hypothesis load its own ``ci`` profile at import, changes nothing. It also draws the
+seeded case samples (``--kvconform-seed``, ``--kvconform-examples``) and prints them in
+the header. Nothing is configured here, so the suite and users' tests run identically.
+"""
 
-import os
-
-from hypothesis import HealthCheck, settings
-
-# Hypothesis loads its own "ci" profile when CI is set; registering and loading ours
-# keeps what runs identical on a laptop and in CI (and derandomized: reproducible).
-settings.register_profile(
-    "kvconform",
-    max_examples=60,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    print_blob=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
-settings.register_profile("kvconform-thorough", parent=settings.get_profile("kvconform"), max_examples=1000)
-settings.load_profile(os.environ.get("KVCONFORM_HYPOTHESIS_PROFILE", "kvconform"))
+# pytester's fixtures for tests/plugin/ (``pytest_plugins`` is only allowed in a top-level
+# conftest such as this one).
+pytest_plugins = ["pytester"]

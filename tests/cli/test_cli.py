@@ -150,3 +150,19 @@ def test_replay_of_a_clean_report_runs_nothing(tmp_path: Path) -> None:
     out = kvconform("replay", str(path))
     assert out.returncode == 5
     assert "no divergent cases" in out.stderr
+
+
+def test_check_catches_a_connector_using_the_logical_block_size() -> None:
+    pytest.importorskip("torch", reason="kvconform check builds real CPU tensors")
+    out = kvconform("check", "--connector", "conformance.connectors.examples:LogicalBlockAdapter", "--case", "flashinfer-b128-k64")
+    assert out.returncode == 1, out.stderr
+    assert "looks like the logical block (128 tokens)" in out.stdout
+    ok = kvconform("check", "--connector", "conformance.connectors.examples:ReferenceAdapter", "--case", "flashinfer-b128-k64")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+def test_check_with_an_unknown_connector_is_a_usage_error() -> None:
+    pytest.importorskip("torch", reason="kvconform check builds real CPU tensors")
+    out = kvconform("check", "--connector", "nope")
+    assert out.returncode == 4
+    assert "--connector 'nope'" in out.stderr

@@ -1,24 +1,24 @@
 """A seeded sweep of random valid configs through vLLM 0.33.0's own layout code.
 
-The sample is drawn at collection time from a fixed seed (KVCONFORM_SEED overrides), so
-test ids are identical on every xdist worker and every failure names a replayable case.
+The sample comes from the kvconform pytest plugin: ``kv_case`` is parametrized at
+collection time over ``sampled_cases(config)``, drawn from ``--kvconform-seed`` (default:
+the project seed) with ``--kvconform-examples`` cases (ci profile: 300), so test ids are
+identical on every xdist worker and every failure prints the seed, the config JSON and
+the replay command (``assert_conforms``).
 """
 
 from __future__ import annotations
 
-import os
-import shlex
+import math
 
 import pytest
 
-from conformance.diff import compare
+from conformance.pytest_plugin import run_settings, sampled_cases
 from reference.derive import derive
 from reference.errors import NotModeledError, StartupError
-from suites.strategies import sample_cases
 
-SEED = int(os.environ.get("KVCONFORM_SEED", "20261129"))
-COUNT = int(os.environ.get("KVCONFORM_SWEEP", "300"))
-CASES = sample_cases(SEED, COUNT)
+MIN_MODELED_SHARE = 2 / 3
+"""At least 200 of the ci profile's 300 sampled configs must be compared, not skipped."""
 
 
 def _modeled(case) -> bool:
@@ -31,26 +31,23 @@ def _modeled(case) -> bool:
     return True
 
 
-def test_sweep_compares_at_least_200_configs() -> None:
-    modeled = sum(_modeled(c) for c in CASES)
-    assert modeled >= 200, f"only {modeled} of {COUNT} sampled configs (seed {SEED}) are modeled by the reference"
+def test_sweep_compares_at_least_200_configs(pytestconfig) -> None:
+    s = run_settings(pytestconfig)
+    cases = sampled_cases(pytestconfig)
+    if s.profile in ("ci", "thorough") and not s.examples_given:
+        assert len(cases) >= 300, f"the {s.profile} profile samples only {len(cases)} configs"
+    needed = math.ceil(len(cases) * MIN_MODELED_SHARE)
+    if len(cases) >= 300:
+        needed = max(needed, 200)
+    modeled = sum(_modeled(c) for c in cases)
+    assert modeled >= needed, (
+        f"only {modeled} of {len(cases)} sampled configs (seed {s.seed}) are modeled by the reference; need {needed}"
+    )
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_random_config_conforms(case) -> None:
-    from gpu_impl.vllm_cpu.planning import observe
-
-    runners = ("mrv1", "mrv2") if any(layer.is_draft for layer in case.layers) else ("mrv1",)
+def test_random_config_conforms(kv_case, assert_conforms) -> None:
+    runners = ("mrv1", "mrv2") if any(layer.is_draft for layer in kv_case.layers) else ("mrv1",)
     for runner in runners:
-        result = compare(case, runner, observe(case, runner))
-        if result.status == "not_modeled":
-            pytest.skip(f"not modeled by the reference: {result.detail}")
-        if result.status == "unsupported":
-            pytest.skip(f"unsupported by this vLLM: {result.detail}")
-        if result.status != "pass":
-            lines = "\n".join(f"  {d.message}" for d in result.divergences)
-            pytest.fail(
-                f"seed {SEED}, runner {runner}:\n{lines}\n  config: {case.to_json()}\n"
-                f"  replay: python -m gpu_impl.vllm_cpu.planning {shlex.quote(case.to_json())} {runner}",
-                pytrace=False,
-            )
+        # Observes through the installed vLLM; skips with the reason where vLLM cannot run
+        # the case or the reference does not model it; fails with seed, config and replay.
+        assert_conforms(kv_case, runner)

@@ -1,0 +1,599 @@
+"""``validate_registration``: feed a connector adapter the exact tensors vLLM 0.33.0 registers,
+and compare the bytes it would transfer for every (layer, logical block) with the reference.
+
+Tensors are real CPU tensors carved with ``torch.as_strided`` from one int8 pool, exactly as
+the reference's ``TensorView``s say (shape, stride, dtype, storage offset, one shared storage).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from conformance.connectors.protocol import ConnectorLike, LayerInfo, RegistrationContext
+
+_TORCH_DTYPES = ("bfloat16", "float16", "float32", "uint8", "int8", "float8_e4m3fn", "float8_e5m2")
+_SHOW = 3  # intervals shown per expected/observed value
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One way the connector's registration disagrees with the reference."""
+
+    case: str
+    runner: str
+    layer: str
+    block: int | None
+    field: str
+    """``descriptors``, ``k``, ``v``, ``block_len``, ``num_blocks``, ``kernel_block_size``, ``register``."""
+    expected: str
+    observed: str
+    message: str
+    """One line telling the author what to fix."""
+    blocks_affected: int = 1
+
+    def line(self) -> str:
+        where = f"{self.layer}" + (f" block {self.block}" if self.block is not None else "")
+        more = f" (+{self.blocks_affected - 1} more blocks)" if self.blocks_affected > 1 else ""
+        return f"{self.case} [{self.runner}] {where}: {self.field}{more}: {self.message}"
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: str
+    runner: str
+    status: str
+    """``pass``, ``fail`` or ``skipped``."""
+    detail: str = ""
+    config: str = ""
+    replay: str = ""
+    checked: int = 0
+    """(layer, block) pairs compared."""
+
+
+@dataclass
+class ConnectorReport:
+    connector: str
+    results: list[CaseResult] = field(default_factory=list)
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.divergences
+
+    @property
+    def failed_cases(self) -> list[str]:
+        return [r.case for r in self.results if r.status == "fail"]
+
+    @property
+    def passed_cases(self) -> list[str]:
+        return [r.case for r in self.results if r.status == "pass"]
+
+    def for_case(self, case: str) -> list[Divergence]:
+        return [d for d in self.divergences if d.case == case]
+
+    def format(self, max_per_case: int = 6) -> str:
+        out = [f"connector {self.connector}"]
+        for r in self.results:
+            out.append(f"  {r.status.upper():7} {r.case} [{r.runner}] {r.detail}".rstrip())
+            if r.status != "fail":
+                continue
+            divs = [d for d in self.divergences if d.case == r.case and d.runner == r.runner]
+            for d in divs[:max_per_case]:
+                out.append(f"      {d.line()}")
+                out.append(f"          expected {d.expected}; observed {d.observed}")
+            if len(divs) > max_per_case:
+                out.append(f"      ... {len(divs) - max_per_case} more")
+            out.append(f"      config: {r.config}")
+            out.append(f"      replay: {r.replay}")
+        n_pass, n_fail = len(self.passed_cases), len(self.failed_cases)
+        n_skip = sum(r.status == "skipped" for r in self.results)
+        out.append(f"{n_pass} passed, {n_fail} failed, {n_skip} skipped (vLLM refuses or not modeled)")
+        return "\n".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {
+            "schema": "kvconform.connector-report/1",
+            "connector": self.connector,
+            "results": [asdict(r) for r in self.results],
+            "divergences": [asdict(d) for d in self.divergences],
+        }
+
+
+# --- tensors ---------------------------------------------------------------------------------
+
+
+def _require_torch():
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - exercised in the no-torch CI env
+        raise ImportError("validate_registration needs torch (CPU is enough): pip install torch") from None
+    return torch
+
+
+def build_kv_caches(derivation) -> tuple[Any, dict[str, Any]]:
+    """The pool and the ``kv_caches`` dict vLLM 0.33.0 hands ``register_kv_caches``."""
+    torch = _require_torch()
+    views = derivation.registered
+    nbytes = {v.storage_nbytes for v in views.values()}
+    if len(nbytes) != 1:
+        raise AssertionError(f"reference views disagree on the pool size: {sorted(nbytes)}")
+    pool = torch.zeros(nbytes.pop(), dtype=torch.int8)
+    caches: dict[str, Any] = {}
+    for name, view in views.items():
+        if view.dtype not in _TORCH_DTYPES:
+            raise NotImplementedError(f"dtype {view.dtype} has no torch equivalent here")
+        dt = getattr(torch, view.dtype)
+        typed = pool.view(dt) if dt.itemsize != 1 or dt != torch.int8 else pool
+        caches[name] = typed.as_strided(view.shape, view.stride, view.storage_offset)
+    return pool, caches
+
+
+# --- intervals -------------------------------------------------------------------------------
+
+
+def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted, merged ``[start, stop)`` intervals."""
+    out: list[list[int]] = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _subtract(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``xs - ys`` for merged interval lists."""
+    out = []
+    j = 0
+    for a, b in xs:
+        cur = a
+        while j < len(ys) and ys[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(ys) and ys[k][0] < b:
+            if ys[k][0] > cur:
+                out.append((cur, ys[k][0]))
+            cur = max(cur, ys[k][1])
+            k += 1
+        if cur < b:
+            out.append((cur, b))
+    return out
+
+
+def _nbytes(iv: list[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in iv)
+
+
+def _show(iv: list[tuple[int, int]], base: int) -> str:
+    """Intervals as pool offsets, a few shown."""
+    parts = [f"[{a - base}, {b - base})" for a, b in iv[:_SHOW]]
+    more = f" +{len(iv) - _SHOW} more" if len(iv) > _SHOW else ""
+    return f"{_nbytes(iv)} bytes at pool offsets {' '.join(parts) or 'none'}{more}"
+
+
+def _to_intervals(ranges: Any, what: str) -> list[tuple[int, int]]:
+    out = []
+    for item in ranges or ():
+        try:
+            addr, length = item
+            addr, length = int(addr), int(length)
+        except (TypeError, ValueError):
+            raise TypeError(f"{what} must return (address, length) pairs, got {item!r}") from None
+        out.append((addr, addr + length))
+    return _merge(out)
+
+
+# --- resolving the connector --------------------------------------------------------------------
+
+
+def load_connector(spec: str):
+    """``"package.module:Name"`` -> the object it names."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"connector {spec!r} must look like package.module:Name")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _label(connector: Any) -> str:
+    if isinstance(connector, str):
+        return connector
+    target = connector if (inspect.isclass(connector) or inspect.isfunction(connector)) else type(connector)
+    return f"{target.__module__}:{target.__qualname__}"
+
+
+def _instantiate(connector: Any, ctx: RegistrationContext):
+    if hasattr(connector, "register") and hasattr(connector, "descriptors") and not inspect.isclass(connector):
+        return connector
+    if not callable(connector):
+        raise TypeError(f"{connector!r} is neither an adapter (register/descriptors) nor a factory")
+    try:
+        params = inspect.signature(connector).parameters
+    except (TypeError, ValueError):
+        params = {"ctx": None}
+    return connector(ctx) if params else connector()
+
+
+def make_context(derivation) -> RegistrationContext:
+    from reference.specs import AttentionSpec
+
+    layers = {}
+    group_of = {n: gid for gid, g in enumerate(derivation.groups) for n in g.layer_names}
+    for name, view in derivation.registered.items():
+        spec = derivation.specs[name]
+        attn = isinstance(spec, AttentionSpec)
+        layers[name] = LayerInfo(
+            name=name,
+            group_id=group_of.get(name, view.group_id),
+            kind=spec.kind.value if attn else "mamba",
+            block_size=spec.block_size,
+            page_size_bytes=spec.page_size_bytes,
+            num_kv_heads=spec.num_kv_heads if attn else 0,
+            head_size=spec.head_size if attn else 0,
+            head_size_v=spec.head_size_v if attn else 0,
+            dtype=view.dtype,
+            backend=derivation.layer_backends.get(name, ""),
+            is_mla=attn and spec.kind.is_mla,
+            is_mamba=not attn,
+            is_draft=bool(getattr(spec, "is_draft", False)),
+        )
+    return RegistrationContext(
+        case_name=derivation.case.name,
+        runner=derivation.runner,
+        layout=derivation.layout.name,
+        block_size=derivation.cache_block_size,
+        num_blocks=derivation.num_blocks,
+        layers=layers,
+        kernel_block_sizes=tuple(derivation.kernel_block_sizes),
+        case=derivation.case,
+    )
+
+
+def replay_command(connector_label: str, case) -> str:
+    from suites.named_cases import CASES
+    import shlex
+
+    if CASES.get(case.name) == case:
+        return f"kvconform check --connector {connector_label} --case {case.name}"
+    return f"echo {shlex.quote(case.to_json())} > case.json && kvconform check --connector {connector_label} --case case.json"
+
+
+# --- the check ---------------------------------------------------------------------------------
+
+
+class _LayerFacts:
+    """What the reference says about one registered layer, in the terms a connector uses."""
+
+    def __init__(self, derivation, name: str, view_tensor, base: int) -> None:
+        view = derivation.registered[name]
+        self.name = name
+        self.view = view
+        self.base = base
+        self.es = view.element_size
+        self.ratio = view.shape[0] // derivation.num_blocks
+        self.kernel_tokens = view.shape[2]
+        spec = derivation.specs[name]
+        self.logical_tokens = spec.block_size
+        self.page = spec.page_size_bytes
+        self.stride0 = view.stride[0] * self.es
+        self.data_ptr = view_tensor.data_ptr()
+        self.heads = view.shape[1]
+        self.content = view.shape[3] * self.es
+        first = derivation.block_bytes(name, 0)
+        self.kernel_content = first.page.nbytes // self.ratio
+        self.kernel_page = self.page // self.ratio
+
+
+def _diagnose_descriptors(f: _LayerFacts, layout: str, block: int, expected: list, observed: list, kind: str) -> str:
+    """One line: the most likely cause of a descriptor mismatch, and the fix."""
+    lo = observed[0][0] if observed else None
+    n_obs, n_exp = _nbytes(observed), _nbytes(expected)
+    what = "K bytes" if kind == "k" else "V bytes" if kind == "v" else "bytes"
+    if not observed:
+        return f"no descriptors for logical block {block}: every registered layer (including aliased groups) must transfer its block"
+    if lo is not None and f.ratio > 1 and block > 0 and lo == f.data_ptr + block * f.stride0:
+        return (
+            f"logical block {block} was addressed as kernel block {block} (offset {block * f.stride0} into the layer); "
+            f"vLLM registered {f.kernel_tokens}-token kernel blocks ({f.ratio} per {f.logical_tokens}-token logical block, "
+            f"shape[0] = {f.view.shape[0]}): logical block b is kernel blocks [b*{f.ratio}, b*{f.ratio}+{f.ratio - 1}]"
+        )
+    if lo is not None and block > 0 and f.page != f.stride0 * f.ratio and lo == f.data_ptr + block * f.page:
+        return (
+            f"block {block} starts {block} x page ({f.page} bytes) into the layer, but under {layout} consecutive "
+            f"blocks are {f.stride0 * f.ratio} bytes apart (stride(0)*element_size = {f.stride0}"
+            + (", block-outermost: all layers' pages of a block sit together" if layout.startswith("B") else "")
+            + "): address blocks with stride(0), never with the page size"
+        )
+    if f.heads != f.kernel_tokens and f.ratio * n_obs * f.kernel_tokens == n_exp * f.heads:
+        return (
+            f"{n_obs} {what} per block = shape[-3] ({f.heads}) tokens' worth: in 0.33.0's [B, H, N, C] view shape[-3] "
+            f"is num_kv_heads; a block holds shape[2] = {f.kernel_tokens} tokens per kernel block ({f.logical_tokens} per logical block)"
+        )
+    if n_obs == n_exp * f.ratio and f.ratio > 1:
+        return (
+            f"{n_obs} {what} per block looks like the logical block ({f.logical_tokens} tokens) laid over kernel blocks of "
+            f"{f.kernel_tokens} tokens: take block length and count from the registered view (stride(0), shape[0])"
+        )
+    if n_obs == n_exp:
+        order = {"LBHNC": "heads outer to tokens (H, N, C)", "LBNHC": "tokens outer to heads (N, H, C)"}.get(
+            layout, f"the strides of {layout}"
+        )
+        return (
+            f"right amount ({n_obs} {what}) at the wrong addresses: under {layout} a block is laid out with {order}; "
+            f"view strides are {tuple(s * f.es for s in f.view.stride)} bytes: compute offsets from tensor.stride(), "
+            "not from an assumed layout"
+        )
+    missing, extra = _subtract(expected, observed), _subtract(observed, expected)
+    return (
+        f"{_nbytes(missing)} {what} of the block are not transferred and {_nbytes(extra)} bytes of other data are: "
+        f"block {block} of this layer is {_show(expected, f.base)}"
+    )
+
+
+def _head_slice(f: "_LayerFacts", block: int, h0: int, h1: int) -> list[tuple[int, int]]:
+    """Bytes of view heads ``[h0, h1)`` of logical block ``block`` (all its kernel blocks)."""
+    es = f.es
+    sB, sH, sN, sC = (s * es for s in f.view.stride)
+    tokens, content = f.view.shape[2], f.view.shape[3] * es
+    out = []
+    for k in range(block * f.ratio, block * f.ratio + f.ratio):
+        for h in range(h0, h1):
+            at = f.data_ptr + k * sB + h * sH
+            if sN == content:
+                out.append((at, at + tokens * content))
+            else:
+                out.extend((at + n * sN, at + n * sN + content) for n in range(tokens))
+    return out
+
+
+def _diagnose_heads(f: "_LayerFacts", layout: str, block: int, h0: int, h1: int, expected: list, observed: list) -> str:
+    if _nbytes(observed) == _nbytes(expected):
+        if layout in ("LBHNC", "BLHNC"):
+            how = f"under {layout} each head's {f.kernel_tokens} tokens are contiguous (heads outer to tokens), so a head slice is one run per kernel block"
+        elif layout in ("LBNHC", "BLNHC"):
+            how = f"under {layout} tokens are outer to heads, so a head slice is one run per token"
+        else:
+            how = f"under {layout} heads sit {f.view.stride[1] * f.es} bytes apart"
+        return (
+            f"heads [{h0}, {h1}) of block {block} point at other heads' or tokens' bytes: {how}; "
+            f"take head and token offsets from stride(1) and stride(2) ({f.view.stride[1] * f.es}, {f.view.stride[2] * f.es} bytes), "
+            "never from an assumed NHD/HND order"
+        )
+    return f"heads [{h0}, {h1}) of block {block}: {_nbytes(observed)} bytes where the slice is {_nbytes(expected)}; derive head slices from the view's strides"
+
+
+def _check_case(connector: Any, label: str, derivation, report: ConnectorReport) -> CaseResult:
+    case = derivation.case
+    runner = derivation.runner
+    config, replay = case.to_json(), replay_command(label, case)
+    pool, caches = build_kv_caches(derivation)
+    base = pool.data_ptr()
+    ctx = make_context(derivation)
+    divs: list[Divergence] = []
+
+    def add(layer, block, fld, expected, observed, message):
+        for i, d in enumerate(divs):
+            if d.layer == layer and d.field == fld:
+                divs[i] = Divergence(d.case, d.runner, d.layer, d.block, d.field, d.expected, d.observed, d.message, d.blocks_affected + 1)
+                return
+        divs.append(Divergence(case.name, runner, layer, block, fld, str(expected), str(observed), message))
+
+    def finish(status: str, detail: str, checked: int = 0) -> CaseResult:
+        report.divergences.extend(divs)
+        return CaseResult(case.name, runner, status, detail, config, replay, checked)
+
+    try:
+        adapter = _instantiate(connector, ctx)
+        adapter.register(dict(caches))
+    except Exception as exc:  # noqa: BLE001 - a connector bug, reported like any divergence
+        add("*", None, "register", "register_kv_caches succeeds", f"{type(exc).__name__}: {exc}",
+            f"register raised {type(exc).__name__}: {exc}")
+        return finish("fail", "register raised")
+
+    facts = {n: _LayerFacts(derivation, n, caches[n], base) for n in derivation.registered}
+    layout_name = derivation.layout.name
+    # Bytes each KV cache group's pages occupy. Groups alias from byte 0 (a block id belongs
+    # to one group at a time), so bytes of another group's page at the *same* block id are
+    # harmless to move along (padding), as is padding nobody owns.
+    group_of = {n: v.group_id for n, v in derivation.registered.items()}
+    owned: dict[int, bytearray] = {}
+    expected_pages: dict[tuple[str, int], list] = {}
+    for name in derivation.registered:
+        mask = owned.setdefault(group_of[name], bytearray(pool.numel()))
+        for b in range(derivation.num_blocks):
+            bb = derivation.block_bytes(name, b)
+            iv = _merge((base + a, base + z) for a, z in bb.page.runs())
+            expected_pages[name, b] = iv
+            for a, z in iv:
+                mask[a - base : z - base] = b"\x01" * (z - a)
+
+    def harmful(name: str, block: int, extra: list) -> list:
+        # Moving other layers' pages of the *same* block id along is fine (NIXL moves the
+        # whole row of a block-outermost layout); bytes of any other block id are not.
+        allowed = _merge(iv for n in derivation.registered for iv in expected_pages[n, block])
+        rest = _subtract(_merge(extra), allowed)
+        return [(a, z) for a, z in rest if any(any(m[a - base : z - base]) for m in owned.values())]
+
+    # derived facts, when the adapter exposes them
+    kbs_expected = {f.kernel_tokens for f in facts.values() if not derivation.specs[f.name].__class__.__name__ == "MambaSpec"}
+    kbs = getattr(adapter, "kernel_block_size", None)
+    if callable(kbs):
+        kbs = None
+    if isinstance(kbs, int) and kbs_expected and kbs not in kbs_expected:
+        some = next(f for f in facts.values() if f.kernel_tokens in kbs_expected)
+        if kbs == some.heads and some.heads != some.kernel_tokens:
+            why = (
+                f"kernel_block_size {kbs} is shape[-3] of the registered view, which in 0.33.0's [B, H, N, C] view is "
+                f"num_kv_heads ({some.heads}), not tokens: tokens per registered block are shape[2] ({some.kernel_tokens})"
+            )
+        elif kbs == some.logical_tokens:
+            why = (
+                f"kernel_block_size {kbs} is the logical block size; vLLM registered {some.kernel_tokens}-token kernel "
+                f"blocks: use shape[2] (or shape[0] // num_blocks for the split ratio) of the registered view"
+            )
+        else:
+            why = f"kernel_block_size {kbs} is not the {sorted(kbs_expected)} tokens per registered block (shape[2] of the views)"
+        add("*", None, "kernel_block_size", sorted(kbs_expected), kbs, why)
+
+    for name, f in facts.items():
+        if hasattr(adapter, "block_len"):
+            try:
+                bl = int(adapter.block_len(name))
+            except Exception as exc:  # noqa: BLE001
+                add(name, None, "block_len", f.kernel_page, f"{type(exc).__name__}: {exc}", f"block_len raised {type(exc).__name__}: {exc}")
+            else:
+                row_ok = layout_name.startswith("B") and bl == f.stride0  # the whole packed row
+                if bl not in (f.kernel_page, f.kernel_content) and not row_ok:
+                    if f.ratio > 1 and bl in (f.page, f.kernel_content * f.ratio):
+                        why = (
+                            f"block_len {bl} for layer {name} looks like the logical block ({f.logical_tokens} tokens); "
+                            f"vLLM registered {f.kernel_tokens}-token kernel blocks: use shape[0]/stride[0] of the registered view"
+                        )
+                    elif f.heads != f.kernel_tokens and bl == f.kernel_content // f.kernel_tokens * f.heads:
+                        why = (
+                            f"block_len {bl} for layer {name} counts shape[-3] ({f.heads} = num_kv_heads) as tokens; "
+                            f"a registered block holds shape[2] = {f.kernel_tokens} tokens: block_len is stride(0)*element_size for dense pages"
+                        )
+                    elif bl == f.stride0 and f.stride0 != f.kernel_page:
+                        why = (
+                            f"block_len {bl} for layer {name} is the block stride (stride(0)*element_size) of a "
+                            f"block-outermost/packed layout; one layer's block is {f.kernel_page} bytes of that row"
+                        )
+                    else:
+                        why = f"block_len {bl} for layer {name}: one registered block of this layer is {f.kernel_page} bytes"
+                    add(name, None, "block_len", f.kernel_page, bl, why)
+        if hasattr(adapter, "num_blocks"):
+            try:
+                nb = int(adapter.num_blocks(name))
+            except Exception as exc:  # noqa: BLE001
+                nb = f"{type(exc).__name__}: {exc}"
+            if nb != f.view.shape[0]:
+                if nb == derivation.num_blocks and f.ratio > 1:
+                    why = (
+                        f"num_blocks {nb} is the logical count; the view of {name} has {f.view.shape[0]} "
+                        f"{f.kernel_tokens}-token kernel blocks (shape[0]): register and address kernel blocks"
+                    )
+                else:
+                    why = f"num_blocks {nb} for layer {name}: the registered view has shape[0] = {f.view.shape[0]} blocks"
+                add(name, None, "num_blocks", f.view.shape[0], nb, why)
+
+    checked = 0
+    kv = hasattr(adapter, "kv_descriptors")
+    for name, f in facts.items():
+        for b in range(derivation.num_blocks):
+            checked += 1
+            expected = expected_pages[name, b]
+            try:
+                if kv:
+                    k_obs, v_obs = adapter.kv_descriptors(name, b)
+                    k_obs, v_obs = _to_intervals(k_obs, "kv_descriptors"), _to_intervals(v_obs, "kv_descriptors")
+                    observed = _merge(k_obs + v_obs)
+                else:
+                    observed = _to_intervals(adapter.descriptors(name, b), "descriptors")
+            except Exception as exc:  # noqa: BLE001
+                add(name, b, "descriptors", _show(expected, base), f"{type(exc).__name__}: {exc}",
+                    f"descriptors({name!r}, {b}) raised {type(exc).__name__}: {exc}")
+                continue
+            outside = [(a, z) for a, z in observed if a < base or z > base + pool.numel()]
+            if outside:
+                add(name, b, "descriptors", _show(expected, base), f"{_nbytes(outside)} bytes outside the pool",
+                    f"descriptors leave the registered pool ({pool.numel()} bytes at data_ptr of the shared storage): "
+                    "addresses must be tensor.data_ptr() + offsets inside the view")
+                continue
+            missing = _subtract(expected, observed)
+            extra = _subtract(observed, expected)
+            # Extra bytes that belong to no layer's block (page padding) are harmless.
+            extra = harmful(name, b, extra) if extra else extra
+            if missing or extra:
+                add(name, b, "descriptors", _show(expected, base), _show(observed, base),
+                    _diagnose_descriptors(f, derivation.layout.name, b, expected, observed, "page"))
+                continue
+            if kv:
+                bb = derivation.block_bytes(name, b)
+                if bb.v is not None:
+                    for side, obs, region in (("k", k_obs, bb.k), ("v", v_obs, bb.v)):
+                        exp = _merge((base + a, base + z) for a, z in region.runs())
+                        if exp != obs:
+                            add(name, b, side, _show(exp, base), _show(obs, base),
+                                _diagnose_descriptors(f, derivation.layout.name, b, exp, obs, side))
+    if hasattr(adapter, "head_descriptors"):
+        for name, f in facts.items():
+            heads = f.view.shape[1]
+            if heads < 2:
+                continue
+            for b in range(derivation.num_blocks):
+                for h0, h1 in ((0, heads // 2), (heads // 2, heads)):
+                    exp = _merge(_head_slice(f, b, h0, h1))
+                    try:
+                        obs = _to_intervals(adapter.head_descriptors(name, b, h0, h1), "head_descriptors")
+                    except Exception as exc:  # noqa: BLE001
+                        add(name, b, "heads", _show(exp, base), f"{type(exc).__name__}: {exc}",
+                            f"head_descriptors({name!r}, {b}, {h0}, {h1}) raised {type(exc).__name__}: {exc}")
+                        continue
+                    if obs != exp:
+                        add(name, b, "heads", f"heads [{h0}, {h1}): " + _show(exp, base), _show(obs, base),
+                            _diagnose_heads(f, derivation.layout.name, b, h0, h1, exp, obs))
+    status = "fail" if divs else "pass"
+    detail = f"layout {derivation.layout.name}, kernel blocks {derivation.kernel_block_sizes}, {checked} (layer, block) checked"
+    return finish(status, detail, checked)
+
+
+def _cases(cases: Iterable[Any] | None):
+    from reference.config import CaseConfig
+    from suites.named_cases import CASES, get_case
+
+    if cases is None:
+        return list(CASES.values())
+    out = []
+    for c in cases:
+        out.append(c if isinstance(c, CaseConfig) else get_case(c))
+    return out
+
+
+def validate_registration(
+    connector: ConnectorLike,
+    cases: Iterable[Any] | None = None,
+    runners: Sequence[str] = ("mrv1", "mrv2"),
+) -> ConnectorReport:
+    """Check a connector adapter against the reference on every case (named cases by default).
+
+    ``connector``: an adapter instance, a factory/class called with a ``RegistrationContext``
+    per case, or ``"package.module:Name"``. ``cases``: names or ``CaseConfig``s. Runners whose
+    registered tensors are identical to an earlier runner's are checked once.
+    """
+    from reference.derive import derive
+    from reference.errors import NotModeledError, StartupError
+
+    label = _label(connector)
+    if isinstance(connector, str):
+        connector = load_connector(connector)
+    report = ConnectorReport(label)
+    for case in _cases(cases):
+        seen: list[Mapping[str, Any]] = []
+        for runner in runners:
+            try:
+                d = derive(case, runner)
+            except StartupError as exc:
+                report.results.append(CaseResult(case.name, runner, "skipped", f"vLLM refuses this configuration: {exc}"[:160]))
+                break
+            except NotModeledError as exc:
+                report.results.append(CaseResult(case.name, runner, "skipped", f"not modeled: {exc}"[:160]))
+                break
+            if d.registered in seen:
+                continue
+            seen.append(d.registered)
+            report.results.append(_check_case(connector, label, d, report))
+    return report
+
+
+__all__ = ["CaseResult", "ConnectorReport", "Divergence", "build_kv_caches", "load_connector", "make_context", "validate_registration"]

@@ -1,0 +1,112 @@
+"""Which backend x layout x spec kind x dtype cells a test run exercised, and how often.
+
+The pytest plugin records every case a test ran (a sampled ``kv_case``, a case passed to
+``assert_conforms`` or ``kv_observed``) once per test; under xdist each worker ships its
+counts to the controller (``config.workeroutput``), which merges them and prints one
+compact table: one row per (backend, kind, dtype), one column per layout.
+
+A cell is counted once per (test, case) that has at least one layer in it, so a 4-layer
+dense case adds 1 to its cell, not 4. ``layout`` is the case's ``VLLM_KV_CACHE_LAYOUT``
+(``auto`` when unset: vLLM resolves it); ``dtype`` is the layer's KV cache dtype, with
+``auto`` shown as the model dtype it then follows.
+
+Plain data and no heavy imports: usable from the plugin at any time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any, Iterable, Mapping
+
+Cell = tuple[str, str, str, str]
+"""(backend, layout, kind, dtype)."""
+
+CELL_FIELDS = ("backend", "layout", "kind", "dtype")
+AUTO_LAYOUT = "auto"
+
+
+def case_cells(case: Any) -> set[Cell]:
+    """The cells one ``CaseConfig`` touches (each once)."""
+    layout = case.layout or AUTO_LAYOUT
+    cells: set[Cell] = set()
+    for layer in case.layers:
+        dtype = layer.cache_dtype if layer.cache_dtype != "auto" else case.model_dtype
+        cells.add((layer.backend, layout, layer.kind, dtype))
+    return cells
+
+
+class Coverage:
+    """Counts per cell, plus how many (test, case) runs were recorded."""
+
+    def __init__(self) -> None:
+        self.cells: Counter[Cell] = Counter()
+        self.runs = 0
+        self._seen: set[tuple[str, str]] = set()
+
+    def record(self, case: Any, test: str = "") -> bool:
+        """Count ``case`` for ``test``; a second record of the same pair is ignored."""
+        key = (test, case.to_json() if hasattr(case, "to_json") else repr(case))
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        self.runs += 1
+        self.cells.update(case_cells(case))
+        return True
+
+    # --- xdist transport ---------------------------------------------------------------
+    def to_data(self) -> dict[str, Any]:
+        """JSON-able (and execnet-serializable: lists, dicts, str, int only)."""
+        return {
+            "runs": self.runs,
+            "cells": [dict(zip(CELL_FIELDS, cell), count=n) for cell, n in sorted(self.cells.items())],
+        }
+
+    def merge(self, data: Mapping[str, Any]) -> None:
+        """Add another run's ``to_data()`` (a worker's) into this one."""
+        self.runs += int(data.get("runs", 0))
+        for row in data.get("cells", ()):
+            self.cells[tuple(str(row[f]) for f in CELL_FIELDS)] += int(row["count"])  # type: ignore[index]
+
+    def __bool__(self) -> bool:
+        return self.runs > 0
+
+    # --- output ------------------------------------------------------------------------
+    def table(self) -> list[str]:
+        """The compact table: rows (backend, kind, dtype), columns layouts, '.' for none."""
+        if not self.cells:
+            return ["kvconform coverage: no cases recorded"]
+        layouts = sorted({c[1] for c in self.cells}, key=lambda l: (l != AUTO_LAYOUT, l))
+        rows: dict[tuple[str, str, str], dict[str, int]] = {}
+        for (backend, layout, kind, dtype), n in self.cells.items():
+            rows.setdefault((backend, kind, dtype), {})[layout] = n
+        head = ("backend", "kind", "dtype")
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+        col = max(5, *(len(l) for l in layouts), *(len(str(n)) for n in self.cells.values()))
+        out = [
+            f"kvconform coverage: {self.runs} case runs, {len(self.cells)} cells "
+            f"(backend x layout x kind x dtype); runs per cell, '.' = none",
+            "  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  " + "  ".join(l.rjust(col) for l in layouts),
+        ]
+        for key in sorted(rows):
+            counts = rows[key]
+            out.append(
+                "  ".join(k.ljust(w) for k, w in zip(key, widths))
+                + "  "
+                + "  ".join(str(counts.get(l, ".")).rjust(col) for l in layouts)
+            )
+        return out
+
+    def to_json(self, **extra: Any) -> str:
+        return json.dumps({**extra, **self.to_data()}, indent=2, sort_keys=True)
+
+
+def from_data(items: Iterable[Mapping[str, Any]]) -> Coverage:
+    """One Coverage from several ``to_data()`` payloads."""
+    cov = Coverage()
+    for data in items:
+        cov.merge(data)
+    return cov
+
+
+__all__ = ["AUTO_LAYOUT", "CELL_FIELDS", "Cell", "Coverage", "case_cells", "from_data"]

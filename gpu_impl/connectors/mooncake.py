@@ -1,0 +1,132 @@
+"""vLLM 0.33.0's ``MooncakeConnectorWorker`` registration driven on CPU, as a connector adapter.
+
+Built like upstream's unit tests (``MooncakeConnectorWorker.__new__`` plus the attributes
+``register_kv_caches`` reads; no threads, sockets or bootstrap server), with a recording
+fake ``TransferEngine``. The real ``_sync_block_size_with_kernel`` and ``register_kv_caches``
+run. ``cache_config.block_size`` is set to the reference's post-planning value (Mooncake,
+unlike NIXL, starts its kernel-block derivation from it).
+
+Descriptors are Mooncake's: region ``i``, kernel block ``k`` ->
+``[base_i + k * block_len_i, + kv_block_len_i)`` (``_build_transfer_params``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Mapping
+from unittest import mock
+
+from conformance.connectors.protocol import Ranges, RegistrationContext
+from gpu_impl.connectors.nixl import _plan
+
+
+class RecordingTransferEngine:
+    def __init__(self) -> None:
+        self.registered: list[tuple[list[int], list[int]]] = []
+
+    def batch_register_memory(self, ptrs, lens):
+        self.registered.append((list(ptrs), list(lens)))
+        return 0
+
+    def batch_unregister_memory(self, ptrs):
+        return 0
+
+
+class MooncakeAdapter:
+    """``validate_registration`` adapter around the real Mooncake P2P worker's registration."""
+
+    def __init__(self, ctx: RegistrationContext) -> None:
+        self.ctx = ctx
+        self.worker: Any = None
+        self.caches: dict[str, Any] = {}
+
+    def register(self, kv_caches: Mapping[str, Any]) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
+
+        class _Worker(mc.MooncakeConnectorWorker):
+            def __del__(self):  # no threads or sockets were started
+                pass
+
+        stack, vc, kcc, specs, backends, layout = _plan(self.ctx.case, self.ctx.runner)
+        with stack:
+            vc.cache_config.kv_cache_layout = layout.name
+            stack.callback(setattr, vc.cache_config, "kv_cache_layout", None)
+            saved_bs = vc.cache_config.block_size
+            vc.cache_config.block_size = self.ctx.block_size
+            stack.callback(setattr, vc.cache_config, "block_size", saved_bs)
+            attn = [(backends[n], s) for n, s in specs.items() if hasattr(s, "num_kv_heads")]
+            pairs = list(dict.fromkeys(attn))
+            be = [b for b, _ in pairs] or list(dict.fromkeys(backends.values()))
+            sp = [s for _, s in pairs] or [None] * len(be)
+            stack.enter_context(mock.patch.object(mc, "get_current_attn_backends", lambda *a, **k: be))
+            stack.enter_context(mock.patch.object(mc, "get_current_attn_backends_and_specs", lambda *a, **k: (be, sp)))
+            w = _Worker.__new__(_Worker)
+            w.vllm_config = vc
+            w.engine = RecordingTransferEngine()
+            w.engine_id = "kvconform-engine"
+            w.tp_rank, w.tp_size = 0, 1
+            w.is_kv_producer, w.is_kv_consumer = False, True
+            w.block_size = vc.cache_config.block_size
+            w.model_config = vc.model_config
+            w.cache_config = vc.cache_config
+            w.kv_cache_config = kcc
+            w.use_mla = vc.model_config.use_mla
+            w._is_hma_required = len(kcc.kv_cache_groups) > 1
+            w._physical_blocks_per_logical_kv_block = 1
+            w._prepared_transfer_regions = {}
+            w._layout_by_peer = OrderedDict()
+            w._acked_layout_peers = set()
+            w._kv_layout_id = 0
+            w._kv_unregistered = False
+            w.kv_caches_base_addr = []
+            w.seen_base_addresses = []
+            w._kv_data_lens = []
+            w.device_kv_caches = {}
+            w._layer_specs = {}
+            for group in kcc.transfer_groups:
+                by_layer = getattr(group.kv_cache_spec, "kv_cache_specs", {})
+                for name in group.layer_names:
+                    w._layer_specs[name] = by_layer.get(name, group.kv_cache_spec)
+            w._sync_block_size_with_kernel()
+            w.attn_backends = be
+            w.register_kv_caches(dict(kv_caches))
+        self.worker = w
+        self.caches = dict(kv_caches)
+
+    @property
+    def kernel_block_size(self) -> int:
+        return self.worker.block_size
+
+    def _regions_of(self, layer: str) -> list[int]:
+        w = self.worker
+        named = [i for i, n in enumerate(w.registered_layer_names) if n == layer]
+        if named:
+            return named
+        t = self.caches[layer]
+        exact = [i for i, b in enumerate(w.kv_caches_base_addr) if b == t.data_ptr()]
+        if exact:
+            return exact
+        storage = t.untyped_storage().data_ptr()
+        return [i for i, b in enumerate(w.kv_caches_base_addr) if b == storage]
+
+    def _kernel_ids(self, layer: str, block_id: int) -> list[int]:
+        w = self.worker
+        gid = w.kv_cache_config.transfer_group_index_by_layer[layer]
+        ids: list[list[int]] = [[] for _ in w.kv_cache_config.transfer_groups]
+        ids[gid] = [block_id]
+        out = w._logical_to_kernel_block_ids(ids)
+        return [int(k) for k in out[gid]]
+
+    def descriptors(self, layer: str, block_id: int) -> Ranges:
+        w = self.worker
+        out: Ranges = []
+        for i in self._regions_of(layer):
+            for k in self._kernel_ids(layer, block_id):
+                out.append((w.kv_caches_base_addr[i] + k * w.block_len_per_layer[i], w.kv_block_len_per_layer[i]))
+        return out
+
+    def block_len(self, layer: str) -> int:
+        return sum(self.worker.kv_block_len_per_layer[i] for i in self._regions_of(layer))
+
+
+__all__ = ["MooncakeAdapter", "RecordingTransferEngine"]

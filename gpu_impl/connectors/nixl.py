@@ -1,0 +1,191 @@
+"""vLLM 0.33.0's ``NixlConnectorWorker`` (pull) driven on CPU, as a connector adapter.
+
+The real ``__init__``, ``_sync_block_size_with_kernel`` and ``register_kv_caches`` run; what
+needs hardware or a cluster is faked (upstream ``tests/v1/kv_connector/unit`` does the same):
+
+- ``NixlWrapper`` -> ``RecordingNixl`` (records ``register_memory`` and descriptor lists);
+- ``current_platform`` -> a CUDA stand-in (device type, NIXL memory type ``VRAM``);
+- TP rank/world size -> 0/1; ``TransferTopology`` and the compatibility hash -> stubs;
+- ``get_current_attn_backends[_and_specs]`` -> the case's real backend classes and specs
+  (the layers' ``get_attn_backend`` needs constructed layers).
+
+The KV cache config, backends and specs come from vLLM's own planning code
+(``gpu_impl.vllm_cpu.planning``). Descriptors are NIXL's: for region ``i`` and kernel block
+``k``, ``[base_i + k * block_stride_i, + block_len_i)``; logical ids are expanded by the
+worker's own ``_logical_to_kernel_block_ids``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+from typing import Any, Mapping
+from unittest import mock
+
+from conformance.connectors.protocol import Ranges, RegistrationContext
+
+
+class RecordingNixl:
+    """Stands in for ``nixl._api.nixl_agent``: records what the worker registers."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.registered: list[Any] = []
+        self.dlists: list[Any] = []
+
+    def get_reg_descs(self, ranges, mem_type):
+        return (list(ranges), mem_type)
+
+    def register_memory(self, descs, backends=None):
+        self.registered.append(descs)
+
+    def deregister_memory(self, descs):
+        pass
+
+    def get_xfer_descs(self, data, mem_type=None):
+        return (data, mem_type)
+
+    def prep_xfer_dlist(self, agent, descs, *args, **kwargs):
+        self.dlists.append(descs)
+        return len(self.dlists)
+
+    def get_agent_metadata(self):
+        return b"agent"
+
+    def __getattr__(self, name):  # anything else the worker pokes: a harmless no-op
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: None
+
+
+def _plan(case, runner: str):
+    """vLLM's own kv_cache_config, per-layer specs and backend classes for the case."""
+    from gpu_impl.vllm_cpu import planning as p
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core import kv_cache_planning as planning
+
+    stack = contextlib.ExitStack()
+    vc = stack.enter_context(p._configure(case))
+    specs, backends, _ = p._specs(case, runner, vc)
+    distinct = list({cls.full_cls_name(): cls for cls in backends.values()}.values())
+    supported = [layout.name for layout in get_supported_kv_cache_layouts(distinct)]
+    layout = resolve_kv_cache_layout(vc, [supported], list(specs.values()))
+    groups = planning.get_global_kv_cache_groups(vc, [specs])
+    if case.num_blocks is not None:
+        available = case.num_blocks * planning._pool_bytes_per_block(vc, groups)
+    else:
+        available = case.kv_cache_memory_bytes
+    kcc = planning.get_kv_cache_config_from_groups(vc, groups, available)
+    return stack, vc, kcc, specs, backends, layout
+
+
+class NixlAdapter:
+    """``validate_registration`` adapter around the real NIXL pull worker."""
+
+    worker_path = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker:NixlConnectorWorker"
+
+    def __init__(self, ctx: RegistrationContext) -> None:
+        self.ctx = ctx
+        self.worker: Any = None
+        self.caches: dict[str, Any] = {}
+
+    def register(self, kv_caches: Mapping[str, Any]) -> None:
+        from vllm.config import KVTransferConfig
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker as bw
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker
+
+        case = self.ctx.case
+        stack, vc, kcc, specs, backends, layout = _plan(case, self.ctx.runner)
+        with stack:
+            saved = vc.kv_transfer_config
+            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cuda"))
+            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
+            vc.cache_config.kv_cache_layout = layout.name
+            stack.callback(setattr, vc.cache_config, "kv_cache_layout", None)
+            vc.model_config.enable_sleep_mode = False
+            vc.model_config.get_total_num_kv_heads = vc.model_config.get_num_kv_heads
+            attn = [(backends[n], s) for n, s in specs.items() if hasattr(s, "num_kv_heads")]
+            pairs = list(dict.fromkeys(attn))
+            be = [b for b, _ in pairs] or list(dict.fromkeys(backends.values()))
+            sp = [s for _, s in pairs] or [None] * len(be)
+            platform = SimpleNamespace(device_type="cuda", get_nixl_memory_type=lambda: "VRAM")
+            patches = [
+                mock.patch.object(bw, "NixlWrapper", RecordingNixl),
+                mock.patch.object(bw, "nixl_agent_config", None),
+                mock.patch.object(bw, "check_nixl_version", lambda *a, **k: None),
+                mock.patch.object(bw, "current_platform", platform),
+                mock.patch.object(bw, "get_tensor_model_parallel_rank", lambda: 0),
+                mock.patch.object(bw, "get_tensor_model_parallel_world_size", lambda: 1),
+                mock.patch.object(bw, "get_current_attn_backends", lambda *a, **k: be),
+                mock.patch.object(bw, "get_current_attn_backends_and_specs", lambda *a, **k: (be, sp)),
+                mock.patch.object(bw, "TransferTopology", mock.MagicMock()),
+                mock.patch.object(bw, "compute_nixl_compatibility_hash", lambda *a, **k: "kvconform"),
+            ]
+            # NIXL's 3-read Mamba conv transfer needs the DS conv-state layout (an env switch).
+            patches.append(mock.patch.dict("os.environ", {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}))
+            for pt in patches:
+                stack.enter_context(pt)
+            worker = NixlConnectorWorker(vc, "kvconform-engine", kcc)
+            stack.callback(worker._handshake_initiation_executor.shutdown, wait=False)
+            worker.register_kv_caches(dict(kv_caches))
+        self.worker = worker
+        self.caches = dict(kv_caches)
+        self.kcc = kcc
+
+    # --- what NIXL derived -------------------------------------------------------------------
+
+    @property
+    def kernel_block_size(self) -> int:
+        return self.worker.block_size
+
+    def _regions_of(self, layer: str) -> list[int]:
+        """Region indices holding ``layer``, the way ``register_kv_caches`` chose them.
+
+        Exact base (one region per layer, deduped aliases), else the packed whole-row
+        region at the storage base, else the per-head segments inside the layer's view.
+        """
+        w = self.worker
+        bases = w.kv_caches_base_addr[w.engine_id][w.tp_rank]
+        members = getattr(w, "region_members", None) or []
+        tracked = [i for i, names in enumerate(members) if layer in names]
+        if tracked:
+            return tracked
+        t = self.caches[layer]
+        # regions this layer created (LHBNC: one per head segment), or deduped onto (aliases)
+        named = [i for i, n in enumerate(w.region_names) if n == layer]
+        exact = [i for i, b in enumerate(bases) if b == t.data_ptr()]
+        if named or exact:
+            return sorted(set(named) | set(exact))
+        storage = t.untyped_storage().data_ptr()
+        row = [i for i, b in enumerate(bases) if b == storage and w.block_len_per_layer[i] == w.block_stride_per_layer[i]]
+        if row:
+            return row
+        lo, hi = t.data_ptr(), t.data_ptr() + t.nbytes
+        return [i for i, b in enumerate(bases) if lo <= b < hi]
+
+    def _kernel_ids(self, layer: str, block_id: int) -> list[int]:
+        w = self.worker
+        gid = w.kv_cache_config.transfer_group_index_by_layer[layer]
+        ids: list[list[int]] = [[] for _ in w.kv_cache_config.transfer_groups]
+        ids[gid] = [block_id]
+        out = w._logical_to_kernel_block_ids(ids, w._physical_blocks_per_logical_kv_block)
+        return [int(k) for k in out[gid]]
+
+    def descriptors(self, layer: str, block_id: int) -> Ranges:
+        w = self.worker
+        bases = w.kv_caches_base_addr[w.engine_id][w.tp_rank]
+        out: Ranges = []
+        for i in self._regions_of(layer):
+            for k in self._kernel_ids(layer, block_id):
+                out.append((bases[i] + k * w.block_stride_per_layer[i], w.block_len_per_layer[i]))
+        return out
+
+    def block_len(self, layer: str) -> int:
+        """Bytes per kernel block over the layer's regions (LHBNC: one segment per head)."""
+        return sum(self.worker.block_len_per_layer[i] for i in self._regions_of(layer))
+
+    def num_blocks(self, layer: str) -> int:
+        regions = self._regions_of(layer)
+        return self.worker.region_num_blocks[regions[0]] if regions else 0
+
+
+__all__ = ["NixlAdapter", "RecordingNixl"]

@@ -1,0 +1,500 @@
+"""A model zoo: real Hugging Face ``config.json`` files turned into reference cases.
+
+``suites/zoo/*.json`` are the config files of real architectures, as published on the
+Hub (no weights; nothing is downloaded). ``load_zoo()`` reads them and ``to_case()``
+turns one into a ``reference.config.CaseConfig`` the way vLLM 0.33.0's model code
+would build its attention layers from it at tensor-parallel size 1:
+
+- layer names as vLLM registers them (``model.layers.{i}.self_attn.attn``, Qwen3-Next's
+  ``model.layers.{i}.linear_attn``, Whisper's ``.decoder.layers.{i}.encoder_attn.attn``, leading dot included);
+- which layers slide, following ``vllm/engine/arg_utils.py: create_engine_config``
+  (``CacheConfig.sliding_window`` is the model-wide window only when the config has no
+  ``layer_types`` or all of them slide) and the per-model code (``per_layer_sliding_window``);
+  ``layer_types`` defaults are transformers' (Gemma 3: 5 local then 1 global; Gemma 2 and
+  GPT-OSS: alternating, local first; Qwen2/3: ``use_sliding_window`` and ``max_window_layers``);
+- MLA (DeepSeek-V3): one 576-wide latent head (``kv_lora_rank + qk_rope_head_dim``);
+- Mamba-like state layers: ``get_mamba_state_shape_from_config`` /
+  ``get_mamba_state_dtype_from_config`` of the vLLM model class, recomputed here;
+- speculative drafts (DeepSeek MTP, an Eagle3 head) as ``is_draft`` layers named after the
+  target's last layer (``mtp_start_layer_idx`` / ``start_layer_id = num_hidden_layers``).
+
+Whatever is approximated is recorded in ``ZooModel.approximations``; what the CPU driver
+cannot run is ``ZooModel.driver_skip`` (a reason, never a silent drop).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from reference.backends import get_backend
+from reference.config import CaseConfig, LayerConfig
+from reference.errors import ConfigError
+from reference.specs import MultipleOf
+
+ZOO_DIR = Path(__file__).with_name("zoo")
+
+# Draft heads and the target each one speculates for (file stems).
+DRAFT_TARGETS = {"eagle3-llama3.1-8b": "llama3-8b"}
+
+# An attention backend's MLA sibling, for MLA models given a plain backend name.
+MLA_BACKEND_FOR = {
+    "FLASH_ATTN": "FLASH_ATTN_MLA",
+    "FLASHINFER": "FLASHINFER_MLA",
+    "TRITON_ATTN": "TRITON_MLA",
+    "CPU_ATTN": "CPU_MLA",
+}
+
+_DECODER_ONLY = {
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "granite",
+    "phi3",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "gpt_oss",
+}
+_SUPPORTED = _DECODER_ONLY | {"deepseek_v3", "qwen3_next", "nemotron_h", "whisper"}
+
+# vLLM's _get_and_verify_dtype: float32 checkpoints are served in the platform's half
+# dtype (bfloat16 on SM80+) unless --dtype says otherwise.
+_MODEL_DTYPE = {"float32": "bfloat16", "float16": "float16", "bfloat16": "bfloat16", None: "bfloat16"}
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """One architecture of the zoo: its HF config (and draft config) plus what is approximated."""
+
+    name: str
+    """The file stem (``llama3-8b``); a draft pair is ``<target>+<draft>``."""
+    path: Path
+    config: Mapping[str, Any]
+    draft_config: Mapping[str, Any] | None = None
+    draft_path: Path | None = None
+    approximations: tuple[str, ...] = ()
+    driver_skip: str | None = None
+    """Why ``gpu_impl.vllm_cpu.planning`` cannot drive this model (None: it can)."""
+
+    @property
+    def text_config(self) -> Mapping[str, Any]:
+        """``hf_text_config``: the nested ``text_config`` of multimodal wrappers."""
+        return self.config.get("text_config") or self.config
+
+    @property
+    def model_type(self) -> str:
+        return self.text_config.get("model_type") or self.config["model_type"]
+
+    @property
+    def architecture(self) -> str:
+        return self.config["architectures"][0]
+
+    @property
+    def model_dtype(self) -> str:
+        dtype = self.config.get("torch_dtype") or self.text_config.get("torch_dtype")
+        return _MODEL_DTYPE.get(dtype, "bfloat16")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.model_type == "deepseek_v3"
+
+
+def _read(path: Path) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if not isinstance(data, dict) or "architectures" not in data or "model_type" not in data:
+        raise ConfigError(f"{path}: not a Hugging Face config.json (needs 'architectures' and 'model_type')")
+    return data
+
+
+def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str, Any] | None) -> tuple[str, ...]:
+    notes = ["tensor-parallel size 1 (num_kv_heads as in the config)"]
+    if model_type == "deepseek_v3":
+        notes.append(
+            "MLA latent cache modeled as one 576-wide head (kv_lora_rank 512 + qk_rope_head_dim 64); "
+            "the MTP layer is a draft of the same MLA kind under the target's backend"
+        )
+        notes.append("no sparse indexer (DeepSeek-V3.2's DSA is not part of V3)")
+    if model_type == "gpt_oss":
+        notes.append(
+            "attention sinks change compute only (Attention(..., sinks=...) keeps the plain "
+            "FullAttentionSpec/SlidingWindowSpec); whether the chosen backend supports sinks is not checked"
+        )
+        notes.append("MXFP4 MoE weights do not touch the KV cache")
+    if model_type == "gemma2":
+        notes.append("attn_logit_softcapping 50.0 narrows vLLM's backend choice; the backend is taken as given")
+        notes.append("config torch_dtype float32 is served as bfloat16 (vLLM's float32 downcast)")
+    if model_type in ("gemma3", "gemma3_text"):
+        notes.append(
+            "only the text decoder (text_config), named language_model.model.layers.{i}.self_attn.attn "
+            "as Gemma3ForConditionalGeneration registers it; the SigLIP vision tower has no KV cache"
+        )
+    if model_type == "qwen3_next":
+        notes.append(
+            "Gated DeltaNet layers as GDN_ATTN state layers, conv state in the default 'SD' layout, "
+            "mamba_cache_dtype/mamba_ssm_cache_dtype 'auto' (model dtype), no speculative slots"
+        )
+        notes.append(
+            "the attention block size is the case's: HybridAttentionMambaModelConfig / "
+            "update_block_size_for_backend (raising it to fit the state page) is not modeled"
+        )
+    if model_type == "nemotron_h":
+        notes.append(
+            "Mamba2 layers as MAMBA2_ATTN state layers (conv state in the default 'SD' layout, no "
+            "speculative slots, no ReplaySSM ring); the SSM state is float32: "
+            "NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype defaults 'auto' to float32"
+        )
+        notes.append(
+            "the attention block size is the case's: HybridAttentionMambaModelConfig / "
+            "update_block_size_for_backend (raising it to fit the state page) is not modeled"
+        )
+        notes.append("MLP ('-') layers have no cache")
+    if model_type == "whisper":
+        notes.append("encoder self-attention is encoder-only (no KV cache spec) and is left out")
+        notes.append("decoder cross-attention layers are kind 'cross' (CrossAttentionSpec)")
+        notes.append(
+            "layer names start with '.' like vLLM's (whisper.py: WhisperModel(prefix=prefix) with prefix '' "
+            "then f'{prefix}.decoder')"
+        )
+    if model_type == "phi3" and cfg.get("sliding_window"):
+        notes.append(
+            f"no layer_types: CacheConfig.sliding_window={cfg['sliding_window']} applies to every layer "
+            "(vllm/engine/arg_utils.py create_engine_config)"
+        )
+    if draft is not None:
+        notes.append(
+            "Eagle3 draft: one decoder layer named model.layers.{num_hidden_layers + i}.self_attn.attn "
+            "under the target's backend; its own torch_dtype is replaced by the target's (SpeculativeConfig)"
+        )
+    return tuple(notes)
+
+
+def load_zoo(directory: Path | str | None = None) -> dict[str, ZooModel]:
+    """Every zoo architecture by name; a draft file adds a ``<target>+<draft>`` entry."""
+    root = Path(directory) if directory is not None else ZOO_DIR
+    files = {p.stem: p for p in sorted(root.glob("*.json"))}
+    if not files:
+        raise ConfigError(f"no *.json config files in {root}")
+    zoo: dict[str, ZooModel] = {}
+    for stem, path in files.items():
+        cfg = _read(path)
+        if stem in DRAFT_TARGETS:
+            target = DRAFT_TARGETS[stem]
+            if target not in files:
+                raise ConfigError(f"{path}: draft for {target!r}, which is not in the zoo")
+            tcfg = _read(files[target])
+            name = f"{target}+{stem}"
+            zoo[name] = _model(name, files[target], tcfg, draft=cfg, draft_path=path)
+            continue
+        zoo[stem] = _model(stem, path, cfg)
+    return zoo
+
+
+def _model(name: str, path: Path, cfg: dict[str, Any], *, draft: dict | None = None, draft_path: Path | None = None) -> ZooModel:
+    text = cfg.get("text_config") or cfg
+    model_type = text.get("model_type") or cfg["model_type"]
+    if model_type not in _SUPPORTED:
+        raise ConfigError(f"{path}: model_type {model_type!r} is not one the zoo converts ({', '.join(sorted(_SUPPORTED))})")
+    skip = None
+    if model_type == "whisper":
+        skip = (
+            "cross-attention (CrossAttentionSpec) is not driven by gpu_impl.vllm_cpu.planning "
+            "(_raw_spec handles full/sliding_window/mla/mamba only)"
+        )
+    return ZooModel(
+        name=name,
+        path=path,
+        config=cfg,
+        draft_config=draft,
+        draft_path=draft_path,
+        approximations=_approximations(model_type, text, draft),
+        driver_skip=skip,
+    )
+
+
+# --- the conversion ---------------------------------------------------------------------
+
+
+def layer_types(text: Mapping[str, Any], model_type: str | None = None) -> list[str] | None:
+    """``hf_text_config.layer_types`` as transformers fills it in (None: the config has none)."""
+    model_type = model_type or text.get("model_type")
+    n = text["num_hidden_layers"]
+    explicit = text.get("layer_types")
+    if explicit is not None:
+        if len(explicit) != n:
+            raise ConfigError(f"layer_types has {len(explicit)} entries for {n} layers")
+        return list(explicit)
+    if model_type in ("gemma3", "gemma3_text"):
+        pattern = text.get("sliding_window_pattern", 6)
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    if model_type in ("gemma2", "gpt_oss"):
+        return ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    if model_type in ("qwen2", "qwen3"):
+        window = _sliding_window(text, model_type)
+        start = text.get("max_window_layers", n)
+        return ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
+    if model_type == "qwen3_next":
+        interval = text.get("full_attention_interval", 4)
+        return ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    return None
+
+
+def _sliding_window(text: Mapping[str, Any], model_type: str) -> int | None:
+    """``hf_text_config.sliding_window`` after transformers (Qwen: only with use_sliding_window)."""
+    window = text.get("sliding_window")
+    if model_type in ("qwen2", "qwen3", "qwen3_moe", "qwen3_next") and not text.get("use_sliding_window", False):
+        return None
+    return window or None  # ModelConfig: a window of 0 disables sliding
+
+
+def sliding_windows(text: Mapping[str, Any], model_type: str) -> list[int | None]:
+    """Per decoder layer, the sliding window its Attention gets (None: full)."""
+    n = text["num_hidden_layers"]
+    window = _sliding_window(text, model_type)
+    types = layer_types(text, model_type)
+    if types is None or all(t == "sliding_attention" for t in types):
+        # create_engine_config: CacheConfig.sliding_window is the model-wide window, which
+        # every Attention without a per-layer window falls back to.
+        return [window] * n
+    if model_type == "gpt_oss":
+        # OAIAttention._build_attention: layer_idx % 2 == 0 slides (whatever layer_types says).
+        return [window if i % 2 == 0 else None for i in range(n)]
+    return [window if t == "sliding_attention" else None for t in types]
+
+
+def _head_dim(text: Mapping[str, Any], heads_key: str = "num_attention_heads", hidden_key: str = "hidden_size") -> int:
+    return text.get("head_dim") or text[hidden_key] // text[heads_key]
+
+
+def _attention_backend(backend: str, *, mla: bool) -> str:
+    info = get_backend(backend)
+    if mla:
+        if info.is_mla:
+            return backend
+        if backend in MLA_BACKEND_FOR:
+            return MLA_BACKEND_FOR[backend]
+        raise ConfigError(f"backend {backend} has no MLA sibling; pass an MLA backend ({', '.join(MLA_BACKEND_FOR.values())})")
+    if info.is_mla or info.is_ssm:
+        raise ConfigError(f"backend {backend} cannot run this model's (non-MLA) attention layers")
+    return backend
+
+
+def _mamba_layer(name: str, text: Mapping[str, Any], model_type: str, model_dtype: str) -> LayerConfig:
+    if model_type == "qwen3_next":
+        # MambaStateShapeCalculator.gated_delta_net_state_shape (tp 1, no spec tokens, SD layout)
+        nk, nv = text["linear_num_key_heads"], text["linear_num_value_heads"]
+        dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
+        conv_dim = dk * nk * 2 + dv * nv
+        shapes = ((text["linear_conv_kernel_dim"] - 1, conv_dim), (nv, dv, dk))
+        # gated_delta_net_state_dtype: 'auto' caches use the model dtype for both states.
+        return LayerConfig(
+            name, kind="mamba", backend="GDN_ATTN", mamba_shapes=shapes, mamba_dtypes=(model_dtype, model_dtype)
+        )
+    if model_type == "nemotron_h":
+        # NemotronHForCausalLM.get_mamba_state_shape_from_config -> mamba2_state_shape (tp 1)
+        n_groups, state = text["n_groups"], text["ssm_state_size"]
+        heads, head_dim = text["mamba_num_heads"], text["mamba_head_dim"]
+        conv_dim = heads * head_dim + 2 * n_groups * state
+        shapes = ((text["conv_kernel"] - 1, conv_dim), (heads, head_dim, state))
+        ssm_dtype = text.get("mamba_ssm_cache_dtype", "float32")
+        return LayerConfig(
+            name, kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=shapes, mamba_dtypes=(model_dtype, ssm_dtype)
+        )
+    raise ConfigError(f"no state layers for model_type {model_type!r}")
+
+
+def _layers(model: ZooModel, backend: str, cache_dtype: str) -> list[LayerConfig]:
+    text = model.text_config
+    mt = model.model_type
+    n = text.get("num_hidden_layers")
+    layers: list[LayerConfig] = []
+    if mt in _DECODER_ONLY:
+        attn = _attention_backend(backend, mla=False)
+        kv = text.get("num_key_value_heads") or text["num_attention_heads"]
+        hd = _head_dim(text)
+        # Multimodal wrappers build the text model under "language_model" (gemma3_mm.py:
+        # init_vllm_registered_model(prefix="language_model") -> Gemma3ForCausalLM's "model").
+        prefix = "language_model.model" if "text_config" in model.config else "model"
+        for i, window in enumerate(sliding_windows(text, mt)):
+            layers.append(
+                LayerConfig(
+                    f"{prefix}.layers.{i}.self_attn.attn",
+                    kind="sliding_window" if window else "full",
+                    backend=attn,
+                    num_kv_heads=kv,
+                    head_size=hd,
+                    cache_dtype=cache_dtype,
+                    sliding_window=window,
+                )
+            )
+    elif mt == "deepseek_v3":
+        mla = _attention_backend(backend, mla=True)
+        width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
+        total = n + text.get("num_nextn_predict_layers", 0)
+        for i in range(total):
+            layers.append(
+                LayerConfig(
+                    f"model.layers.{i}.self_attn.attn",
+                    kind="mla",
+                    backend=mla,
+                    num_kv_heads=1,
+                    head_size=width,
+                    cache_dtype=cache_dtype,
+                    is_draft=i >= n,
+                )
+            )
+    elif mt == "qwen3_next":
+        attn = _attention_backend(backend, mla=False)
+        for i, t in enumerate(layer_types(text, mt)):
+            if t == "full_attention":
+                layers.append(
+                    LayerConfig(
+                        f"model.layers.{i}.self_attn.attn",
+                        backend=attn,
+                        num_kv_heads=text["num_key_value_heads"],
+                        head_size=_head_dim(text),
+                        cache_dtype=cache_dtype,
+                    )
+                )
+            else:
+                layers.append(_mamba_layer(f"model.layers.{i}.linear_attn", text, mt, model.model_dtype))
+    elif mt == "nemotron_h":
+        attn = _attention_backend(backend, mla=False)
+        for i, t in enumerate(text["hybrid_override_pattern"]):
+            if t == "*":
+                layers.append(
+                    LayerConfig(
+                        f"model.layers.{i}.mixer.attn",
+                        backend=attn,
+                        num_kv_heads=text["num_key_value_heads"],
+                        head_size=_head_dim(text),
+                        cache_dtype=cache_dtype,
+                        sliding_window=text.get("sliding_window"),
+                        kind="sliding_window" if text.get("sliding_window") else "full",
+                    )
+                )
+            elif t == "M":
+                layers.append(_mamba_layer(f"model.layers.{i}.mixer", text, mt, model.model_dtype))
+            elif t not in "-E":
+                raise ConfigError(f"hybrid_override_pattern: unknown layer type {t!r} at layer {i}")
+    elif mt == "whisper":
+        attn = _attention_backend(backend, mla=False)
+        heads = text["decoder_attention_heads"]
+        hd = text["d_model"] // heads
+        for i in range(text["decoder_layers"]):
+            for sub, kind in (("self_attn", "full"), ("encoder_attn", "cross")):
+                layers.append(
+                    LayerConfig(
+                        # WhisperForConditionalGeneration builds WhisperModel(prefix=prefix)
+                        # with the top-level prefix "" and names it f"{prefix}.decoder": vLLM's
+                        # layer names start with a dot.
+                        f".decoder.layers.{i}.{sub}.attn",
+                        kind=kind,
+                        backend=attn,
+                        num_kv_heads=heads,
+                        head_size=hd,
+                        cache_dtype=cache_dtype,
+                    )
+                )
+    else:  # pragma: no cover - load_zoo refuses it
+        raise ConfigError(f"model_type {mt!r} is not converted")
+    if model.draft_config is not None:
+        draft = model.draft_config
+        attn = _attention_backend(backend, mla=False)
+        start = n  # llama_eagle3: start_layer_id = target num_hidden_layers
+        for j in range(draft["num_hidden_layers"]):
+            layers.append(
+                LayerConfig(
+                    f"model.layers.{start + j}.self_attn.attn",
+                    backend=attn,
+                    num_kv_heads=draft.get("num_key_value_heads") or draft["num_attention_heads"],
+                    head_size=_head_dim(draft),
+                    cache_dtype=cache_dtype,
+                    is_draft=True,
+                )
+            )
+    return layers
+
+
+def hybrid_block_size(model: ZooModel, backend: str, block_size: int = 16) -> int:
+    """The block size vLLM serves a hybrid (attention + state) model with.
+
+    ``Platform._align_hybrid_block_size`` (run by ``update_block_size_for_backend``, which
+    the reference does not model): the attention page must hold the largest state page, in
+    multiples of the backend's smallest kernel block (and of ``block_size``). Models
+    without state layers keep ``block_size``.
+    """
+    case = to_case(model, block_size=block_size, backend=backend)
+    attn = [l for l in case.layers if l.kind != "mamba" and not l.is_draft]
+    states = [l for l in case.layers if l.kind == "mamba"]
+    if not states or not attn:
+        return block_size
+    from reference.dtypes import dtype_size, storage_dtype
+
+    first = attn[0]
+    info = get_backend(first.backend)
+    size = dtype_size(storage_dtype(first.cache_dtype, case.model_dtype))
+    per_token = (1 if info.is_mla else first.num_kv_heads) * (first.head_size + (0 if info.is_mla else first.head_size)) * size
+    state_page = max(
+        sum(math.prod(s) * dtype_size(d) for s, d in zip(l.mamba_shapes, l.mamba_dtypes)) for l in states
+    )
+    smallest = min(s.base if isinstance(s, MultipleOf) else s for s in info.kernel_block_sizes)
+    align = max(smallest, block_size)
+    attn_block = align * -(-state_page // (align * per_token))
+    attn_block = smallest * -(-attn_block // smallest)
+    return max(block_size, attn_block)
+
+
+def to_case(
+    model: ZooModel,
+    *,
+    block_size: int,
+    backend: str,
+    layout: str | None = None,
+    num_blocks: int | None = 16,
+    cache_dtype: str = "auto",
+    capability: tuple[int, int] = (9, 0),
+    max_model_len: int = 4096,
+) -> CaseConfig:
+    """The reference case vLLM would plan for ``model`` served with these options.
+
+    ``backend`` is the attention backend (``--attention-backend``-like, but per layer); an
+    MLA model given a plain backend runs its MLA sibling (``MLA_BACKEND_FOR``), and state
+    layers always run their own state backend.
+    """
+    layers = _layers(model, backend, cache_dtype)
+    name = f"zoo-{model.name}-{backend.lower()}-b{block_size}" + (f"-{layout.lower()}" if layout else "")
+    if cache_dtype != "auto":
+        name += f"-{cache_dtype}"
+    if capability != (9, 0):
+        name += f"-sm{capability[0]}{capability[1]}"
+    return CaseConfig(
+        name,
+        tuple(layers),
+        block_size=block_size,
+        model_dtype=model.model_dtype,
+        num_blocks=num_blocks,
+        layout=layout,
+        capability=capability,
+        max_model_len=max_model_len,
+        note=f"{model.architecture} from {model.path.name}; approximations: " + "; ".join(model.approximations),
+    )
+
+
+__all__ = [
+    "DRAFT_TARGETS",
+    "MLA_BACKEND_FOR",
+    "ZOO_DIR",
+    "ZooModel",
+    "hybrid_block_size",
+    "layer_types",
+    "sliding_windows",
+    "load_zoo",
+    "to_case",
+]

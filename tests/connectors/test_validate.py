@@ -1,0 +1,165 @@
+"""validate_registration against the example adapters: the correct one passes everything,
+each wrong one fails where its bug class bites, with a message that names the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="validate_registration builds real CPU tensors: needs torch")
+
+from conformance.connectors import Divergence, validate_registration  # noqa: E402
+from conformance.connectors.examples import (  # noqa: E402
+    LogicalBlockAdapter,
+    PermutationBlindAdapter,
+    ReferenceAdapter,
+    ShapeMinus3Adapter,
+)
+from conformance.connectors.protocol import ConnectorAdapter  # noqa: E402
+from conformance.connectors.validate import build_kv_caches, load_connector  # noqa: E402
+from reference.derive import derive  # noqa: E402
+from suites.named_cases import CASES, get_case  # noqa: E402
+
+
+def _report(cls, cases=None):
+    return validate_registration(cls, cases=cases)
+
+
+def test_reference_adapter_passes_every_named_case():
+    report = _report(ReferenceAdapter)
+    assert report.ok, report.format()
+    statuses = {r.case: r.status for r in report.results}
+    assert set(statuses) == set(CASES)
+    # vLLM refuses these two at startup: nothing to register
+    assert {c for c, s in statuses.items() if s == "skipped"} == {"flashinfer-b128-k64-lhbnc", "flashinfer-b128-blhnc-packed"}
+    assert all(r.checked > 0 for r in report.results if r.status == "pass")
+
+
+def test_reference_adapter_satisfies_protocol():
+    from conformance.connectors.validate import make_context
+
+    ctx = make_context(derive(get_case("flashinfer-b128-k64")))
+    assert isinstance(ReferenceAdapter(ctx), ConnectorAdapter)
+
+
+@pytest.mark.parametrize("name", ["flashinfer-b128-k64", "mla-gqa-draft-b64-blhnc", "mamba-hybrid", "fp8-fa-b16"])
+def test_kv_caches_are_views_of_one_pool_exactly_as_the_reference_says(name):
+    d = derive(get_case(name))
+    pool, caches = build_kv_caches(d)
+    assert list(caches) == list(d.registered)
+    for layer, t in caches.items():
+        view = d.registered[layer]
+        assert tuple(t.shape) == view.shape and tuple(t.stride()) == view.stride
+        assert str(t.dtype) == f"torch.{view.dtype}"
+        assert t.untyped_storage().data_ptr() == pool.data_ptr()
+        assert t.untyped_storage().nbytes() == view.storage_nbytes
+        assert t.data_ptr() - pool.data_ptr() == view.byte_offset
+
+
+def test_shape_minus3_is_caught_with_a_heads_not_tokens_message():
+    report = _report(ShapeMinus3Adapter, ["dense-fa-b128-lbhnc", "tiny-uniform-lbnhc"])
+    assert set(report.failed_cases) == {"dense-fa-b128-lbhnc", "tiny-uniform-lbnhc"}
+    kbs = [d for d in report.divergences if d.field == "kernel_block_size"]
+    assert kbs and "shape[-3]" in kbs[0].message and "num_kv_heads (8)" in kbs[0].message
+    assert "shape[2] (128)" in kbs[0].message
+    block_len = [d for d in report.divergences if d.field == "block_len"]
+    assert block_len and "counts shape[-3]" in block_len[0].message
+    assert any(d.field == "descriptors" for d in report.divergences)
+
+
+def test_logical_block_size_is_caught_only_where_vllm_splits_kernel_blocks():
+    split = ["flashinfer-b128-k64", "flashinfer-b128-k64-hnd", "mla-gqa-draft-b128-k64", "gqa+draft-attention-backend-b128"]
+    no_split = ["dense-fa-b128-lbnhc", "flashinfer-b16", "flashinfer-sm100-b128", "nixl-dense-fa"]
+    report = _report(LogicalBlockAdapter, split + no_split)
+    assert set(report.passed_cases) >= set(no_split)
+    assert set(split) <= set(report.failed_cases)
+    msgs: dict = {}
+    for d in report.for_case("flashinfer-b128-k64"):
+        msgs.setdefault(d.field, d)
+    assert msgs["block_len"].message == (
+        "block_len 524288 for layer model.layers.0.self_attn.attn looks like the logical block (128 tokens); "
+        "vLLM registered 64-token kernel blocks: use shape[0]/stride[0] of the registered view"
+    )
+    assert "logical count" in msgs["num_blocks"].message and msgs["num_blocks"].expected == "8"
+    assert "kernel_block_size 128 is the logical block size" in msgs["kernel_block_size"].message
+    desc = msgs["descriptors"]
+    assert desc.block == 1 and "addressed as kernel block 1" in desc.message
+    assert "[b*2, b*2+1]" in desc.message
+
+
+def test_logical_block_size_on_mrv2_draft_keeps_target_backend():
+    # gqa+draft-attention-backend-b128: MRv1 splits to 64 (FlashInfer draft), MRv2 keeps TRITON's 128
+    report = _report(LogicalBlockAdapter, ["gqa+draft-attention-backend-b128"])
+    by_runner = {r.runner: r.status for r in report.results}
+    assert by_runner == {"mrv1": "fail", "mrv2": "pass"}
+
+
+def test_permutation_blind_is_caught_on_hnd_and_block_outermost_layouts():
+    report = _report(PermutationBlindAdapter, [f"dense-fa-b128-{l}" for l in ("lbnhc", "lbhnc", "blhnc", "blnhc", "lhbnc", "bhlnc")])
+    assert report.passed_cases == ["dense-fa-b128-lbnhc"]
+    hnd = report.for_case("dense-fa-b128-lbhnc")
+    assert [d.field for d in hnd] == ["heads", "heads"]
+    assert "heads outer to tokens" in hnd[0].message and "stride(1) and stride(2)" in hnd[0].message
+    blhnc = report.for_case("dense-fa-b128-blhnc")
+    assert blhnc[0].field == "descriptors" and blhnc[0].block == 1
+    assert "address blocks with stride(0), never with the page size" in blhnc[0].message
+    assert "block-outermost" in blhnc[0].message
+    lhbnc = report.for_case("dense-fa-b128-lhbnc")[0]
+    assert "compute offsets from tensor.stride()" in lhbnc.message
+
+
+def test_failures_carry_case_json_and_replay_line():
+    report = _report("conformance.connectors.examples:LogicalBlockAdapter", ["flashinfer-b128-k64"])
+    (result,) = report.results
+    assert result.status == "fail"
+    assert json.loads(result.config)["name"] == "flashinfer-b128-k64"
+    assert result.replay == "kvconform check --connector conformance.connectors.examples:LogicalBlockAdapter --case flashinfer-b128-k64"
+    text = report.format()
+    assert "replay: kvconform check" in text and "config: {" in text
+    d = report.divergences[0]
+    assert isinstance(d, Divergence)
+    with pytest.raises(Exception):
+        d.message = "x"  # frozen
+    assert report.to_dict()["schema"] == "kvconform.connector-report/1"
+
+
+def test_custom_case_gets_a_json_replay():
+    case = get_case("flashinfer-b128-k64").with_(name="mine", num_blocks=2)
+    report = _report(LogicalBlockAdapter, [case])
+    assert report.results[0].replay.startswith("echo '") and "--case case.json" in report.results[0].replay
+
+
+def test_padding_bytes_are_not_divergences():
+    # FA pages are padded to the SW page (3072 bytes, 2048 content): moving the padded page is fine.
+    class WholePage(ReferenceAdapter):
+        def descriptors(self, layer, block_id):
+            t = self.caches[layer]
+            stride = t.stride(0) * t.element_size()
+            return [(t.data_ptr() + block_id * stride, stride)]
+
+    assert validate_registration(WholePage, cases=["swa-hybrid-padded", "dense-fa-b128-lbnhc"]).ok
+
+
+def test_adapter_exceptions_are_reported_not_raised():
+    class Broken(ReferenceAdapter):
+        def register(self, kv_caches):
+            raise RuntimeError("KV cache tensor has too few blocks")
+
+    report = validate_registration(Broken, cases=["nixl-dense-fa"])
+    assert not report.ok and report.divergences[0].field == "register"
+    assert "too few blocks" in report.divergences[0].message
+
+
+def test_instance_adapter_is_reused_and_bad_spec_is_rejected():
+    class Instance(ReferenceAdapter):
+        def __init__(self):
+            self.ctx = None
+
+        def register(self, kv_caches):
+            self.caches = dict(kv_caches)
+            self.ctx = type("C", (), {"num_blocks": next(iter(kv_caches.values())).shape[0]})()
+
+    assert validate_registration(Instance(), cases=["nixl-dense-fa"]).ok
+    with pytest.raises(ValueError, match="package.module:Name"):
+        load_connector("no_colon")

@@ -1,0 +1,294 @@
+"""The kvconform pytest plugin: options, seeded sampling, hypothesis profiles, fixtures, coverage.
+
+Every inner session loads the plugin through its ``pytest11`` entry point (the package is
+installed in the test environments). None of these tests needs vLLM: conformance is
+checked against ``reference_observation``, the reference's own prediction shaped like an
+observation of vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conformance.pytest_plugin import PROJECT_SEED
+
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestAssertRewriteWarning")
+
+SAMPLED = """
+import pytest
+
+@pytest.mark.kvconform_sample(count=4)
+def test_case(kv_case):
+    assert kv_case.layers
+"""
+
+SAMPLED_DEFAULT = """
+def test_case(kv_case):
+    assert kv_case.layers
+"""
+
+
+def _ids(result: pytest.RunResult) -> list[str]:
+    return sorted(set(re.findall(r"test_\w+\.py::test_case\[([^\]]+)\]", result.stdout.str())))
+
+
+def test_options_are_registered_and_shown_in_the_header(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SAMPLED_DEFAULT)
+    result = pytester.runpytest("--kvconform-seed", "7", "--kvconform-examples", "5", "--kvconform-profile", "thorough")
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(
+        [
+            "kvconform: seed 7 (--kvconform-seed), profile thorough, examples 5 sampled / 5 hypothesis (kvconform-thorough-seed7-n5)*",
+            "kvconform: vllm *, torch *, gpu *",
+        ]
+    )
+    help_text = pytester.runpytest("--help").stdout.str()
+    for option in ("--kvconform-seed", "--kvconform-examples", "--kvconform-profile", "--kvconform-coverage-json"):
+        assert option in help_text
+
+
+def test_defaults_are_the_project_seed_and_the_ci_profile(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SAMPLED)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        [f"kvconform: seed {PROJECT_SEED} (project default), profile ci, examples 300 sampled / 60 hypothesis (kvconform-ci)*"]
+    )
+    assert _ids(result) == [] or all(i.startswith(f"random-s{PROJECT_SEED}-") for i in _ids(result))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--kvconform-seed", "abc"), "expected an integer or 'random'"),
+        (("--kvconform-examples", "0"), "must be >= 1"),
+        (("--kvconform-profile", "nightly"), "invalid choice"),
+    ],
+)
+def test_bad_options_are_usage_errors(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
+    pytester.makepyfile(SAMPLED)
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert message in result.stderr.str()
+
+
+def test_random_seed_is_printed(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SAMPLED)
+    result = pytester.runpytest("--kvconform-seed", "random", "-v")
+    result.assert_outcomes(passed=4)
+    seed = re.search(r"kvconform: seed (\d+) \(random\)", result.stdout.str())
+    assert seed, result.stdout.str()
+    result.stdout.fnmatch_lines([f"kvconform: seed {seed.group(1)} (random), profile ci; rerun with --kvconform-seed {seed.group(1)}"])
+    assert all(i.startswith(f"random-s{seed.group(1)}-") for i in _ids(result))
+
+
+def test_seed_makes_ids_stable(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(SAMPLED)
+    first = _ids(pytester.runpytest("--kvconform-seed", "11", "-v"))
+    second = _ids(pytester.runpytest("--kvconform-seed", "11", "-v"))
+    other = _ids(pytester.runpytest("--kvconform-seed", "12", "-v"))
+    assert len(first) == 4 and first == second
+    assert other != first
+
+
+def test_ids_are_identical_on_xdist_workers(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(SAMPLED)
+    alone = _ids(pytester.runpytest("--kvconform-seed", "11", "-v"))
+    spread = pytester.runpytest_subprocess("--kvconform-seed", "11", "-v", "-n", "2")
+    spread.assert_outcomes(passed=4)
+    assert _ids(spread) == alone and len(alone) == 4
+    # A random seed is drawn once on the controller: workers collect the same ids.
+    rand = pytester.runpytest_subprocess("--kvconform-seed", "random", "-v", "-n", "2")
+    rand.assert_outcomes(passed=4)
+
+
+COVERAGE = """
+import pytest
+from conformance.pytest_plugin import reference_observation
+from reference.config import CaseConfig, LayerConfig
+
+def case(name, backend, layout=None, dtype="auto"):
+    return CaseConfig(name=name, block_size=16, num_blocks=4, layout=layout, layers=(
+        LayerConfig("model.layers.0.self_attn.attn", backend=backend, num_kv_heads=2, head_size=64, cache_dtype=dtype),
+        LayerConfig("model.layers.1.self_attn.attn", backend=backend, num_kv_heads=2, head_size=64, cache_dtype=dtype),
+    ))
+
+A = case("a", "FLASH_ATTN")
+B = case("b", "TRITON_ATTN", layout="LBHNC", dtype="fp8")
+
+@pytest.mark.parametrize("n", range(3))
+def test_a(assert_conforms, n):
+    assert_conforms(A, reference_observation(A))
+    assert_conforms(A, reference_observation(A))  # the same case twice in one test counts once
+
+def test_b(assert_conforms):
+    assert_conforms(B, reference_observation, runner="mrv2")
+
+def test_skipped_cases_do_not_count(assert_conforms):
+    pytest.skip("not run")
+"""
+
+
+def _coverage_rows(result: pytest.RunResult) -> list[str]:
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if line.startswith("kvconform coverage:"))
+    return lines[start : start + 4]
+
+
+def test_coverage_table_counts_cells(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(COVERAGE)
+    out = pytester.path / "cov.json"
+    result = pytester.runpytest("--kvconform-coverage-json", str(out))
+    result.assert_outcomes(passed=4, skipped=1)
+    rows = _coverage_rows(result)
+    assert rows[0].startswith("kvconform coverage: 4 case runs, 2 cells (backend x layout x kind x dtype)")
+    assert rows[1].split() == ["backend", "kind", "dtype", "auto", "LBHNC"]
+    assert rows[2].split() == ["FLASH_ATTN", "full", "bfloat16", "3", "."]
+    assert rows[3].split() == ["TRITON_ATTN", "full", "fp8", ".", "1"]
+    data = json.loads(out.read_text())
+    assert data["runs"] == 4 and data["seed"] == PROJECT_SEED and data["profile"] == "ci"
+    assert data["cells"] == [
+        {"backend": "FLASH_ATTN", "layout": "auto", "kind": "full", "dtype": "bfloat16", "count": 3},
+        {"backend": "TRITON_ATTN", "layout": "LBHNC", "kind": "full", "dtype": "fp8", "count": 1},
+    ]
+
+
+def test_coverage_is_merged_from_xdist_workers(pytester: pytest.Pytester) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(COVERAGE, test_sampled=SAMPLED)
+    alone, spread = pytester.path / "alone.json", pytester.path / "spread.json"
+    pytester.runpytest("--kvconform-coverage-json", str(alone)).assert_outcomes(passed=8, skipped=1)
+    result = pytester.runpytest_subprocess("-n", "2", "--kvconform-coverage-json", str(spread))
+    result.assert_outcomes(passed=8, skipped=1)
+    assert json.loads(spread.read_text()) == json.loads(alone.read_text())
+    assert json.loads(spread.read_text())["runs"] == 8
+    result.stdout.fnmatch_lines(["kvconform coverage: 8 case runs, *"])
+
+
+FAILING = """
+from dataclasses import replace
+from conformance.pytest_plugin import reference_observation
+from suites.named_cases import get_case
+
+def test_layout_moved(assert_conforms):
+    case = get_case("flashinfer-b128-k64")
+    obs = reference_observation(case)
+    obs.layout = "BHLNC" if obs.layout != "BHLNC" else "LBNHC"
+    obs.num_blocks = obs.num_blocks + 1
+    assert_conforms(case, obs)
+
+def test_passes(assert_conforms):
+    result = assert_conforms("flashinfer-b128-k64", reference_observation, runner="mrv2")
+    assert result.status == "pass" and result.runner == "mrv2"
+"""
+
+
+def test_assert_conforms_failure_message(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(FAILING)
+    result = pytester.runpytest("--kvconform-seed", "5")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E*AssertionError: case flashinfer-b128-k64 [[]mrv1[]] does not conform to the reference: 2 divergences",
+            "E*  layout: layout: observed '*' vs expected '*'",
+            "E*  num_blocks: num_blocks: observed * vs expected *",
+            "E*seed: 5 (profile ci)",
+            "E*config: {*}",
+            "E*replay: python -m gpu_impl.vllm_cpu.planning '{*}' mrv1",
+            "E*rerun: pytest test_assert_conforms_failure_message.py::test_layout_moved --kvconform-seed 5",
+        ]
+    )
+
+
+def test_kv_observed_skips_with_a_reason_without_vllm(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import conformance.pytest_plugin as plugin
+
+        def test_observe(kv_observed, monkeypatch):
+            monkeypatch.setattr(plugin, "vllm_problem", lambda: "vllm is not installed; stand-in")
+            kv_observed("flashinfer-b128-k64", "mrv1")
+
+        def test_assert_with_a_runner(assert_conforms, monkeypatch):
+            monkeypatch.setattr(plugin, "vllm_problem", lambda: "vllm is not installed; stand-in")
+            assert_conforms("flashinfer-b128-k64", "mrv2")
+        """
+    )
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["SKIPPED [[]2[]] *: vllm is not installed; stand-in"])
+
+
+def test_sampled_failures_print_seed_config_and_rerun(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.kvconform_sample(count=1)
+        def test_case(kv_case):
+            assert False, "boom"
+        """
+    )
+    result = pytester.runpytest("--kvconform-seed", "3")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*kvconform replay*", "seed: 3 (profile ci)", "config: {*}", "rerun: pytest *test_case?random-s3-0-* --kvconform-seed 3"]
+    )
+
+
+HYPOTHESIS = """
+from hypothesis import given, settings, strategies as st
+
+def test_count():
+    calls = []
+
+    @given(st.integers(0, 10**9))
+    def inner(x):
+        calls.append(x)
+
+    inner()
+    print(f"COUNT={len(calls)} PROFILE={settings.get_current_profile_name()} DERANDOMIZE={settings.default.derandomize}")
+"""
+
+
+def _hypothesis_run(pytester: pytest.Pytester, *args: str) -> str:
+    result = pytester.runpytest_subprocess("-s", *args)
+    result.assert_outcomes(passed=1)
+    match = re.search(r"COUNT=\d+ PROFILE=\S+ DERANDOMIZE=\w+", result.stdout.str())
+    assert match, result.stdout.str()
+    return match.group(0)
+
+
+def test_ci_env_does_not_change_hypothesis(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("hypothesis")
+    pytester.makepyfile(HYPOTHESIS)
+    local = _hypothesis_run(pytester)
+    monkeypatch.setenv("CI", "true")
+    in_ci = _hypothesis_run(pytester)
+    assert in_ci == local == "COUNT=60 PROFILE=kvconform-ci DERANDOMIZE=True"
+    assert _hypothesis_run(pytester, "--kvconform-examples", "7") == "COUNT=7 PROFILE=kvconform-ci-n7 DERANDOMIZE=True"
+
+
+def test_gpu_profile_keeps_only_gpu_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.gpu
+        def test_on_gpu():
+            pass
+
+        def test_on_cpu():
+            pass
+        """
+    )
+    result = pytester.runpytest("--kvconform-profile", "gpu", "-rs")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("deselected") == 1
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == 1
+    if outcomes.get("skipped"):
+        result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])

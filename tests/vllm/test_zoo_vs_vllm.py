@@ -1,0 +1,244 @@
+"""The model zoo through vLLM 0.33.0's own layout code, against the reference.
+
+Each zoo architecture (suites/zoo/*.json) x a few (backend, block size, layout) combos,
+observed through ``gpu_impl.vllm_cpu.planning.observe`` for both model runners:
+
+- ``compare`` must pass for each runner (a failure prints the case JSON and a replay
+  command);
+- ``compare_runners`` must be clean, or every mismatch matched by
+  ``conformance/expectations.toml`` (``conformance.expectations.classify``).
+
+What the driver cannot run (Whisper's cross-attention) and combos a backend refuses
+(Phi-3's head size 96 under FlashInfer) are skipped with the reason, never dropped.
+A further test checks the zoo's reading of each config (sliding windows, layer types)
+against transformers' own config classes, which is what vLLM parses them with.
+"""
+
+from __future__ import annotations
+
+import shlex
+import warnings
+
+import pytest
+
+from conformance.diff import compare, compare_runners
+from conformance.expectations import Environment, case_facts, classify
+from reference.derive import derive
+from reference.errors import ConfigError, NotModeledError, StartupError
+from suites.zoo import hybrid_block_size, load_zoo, sliding_windows, to_case
+
+ZOO = load_zoo()
+
+COMBOS = (
+    ("FLASH_ATTN", 16, None),
+    ("FLASHINFER", 128, "LBNHC"),
+    ("TRITON_ATTN", 64, "LBHNC"),
+    ("FLASH_ATTN", 128, "BLHNC"),
+)
+# (backend, block size, layout, capability, cache dtype): SM100 (FA4's head-256 pages,
+# FlashInfer's TRT-LLM sizes and layouts) and fp8 caches.
+EXTRA_COMBOS = (
+    ("FLASH_ATTN", 16, None, (10, 0), "auto"),
+    ("FLASHINFER", 64, "LBHNC", (10, 0), "fp8"),
+)
+
+# Hybrid models also at the block size vLLM would raise them to (update_block_size_for_backend).
+HYBRID_COMBOS = (("FLASH_ATTN", None), ("FLASHINFER", "LBNHC"))
+
+
+def _params():
+    out = []
+    for name in sorted(ZOO):
+        model = ZOO[name]
+        combos = list(COMBOS)
+        if any(l.kind == "mamba" for l in to_case(model, block_size=16, backend="FLASH_ATTN").layers):
+            combos += [(b, hybrid_block_size(model, b, 16), lay) for b, lay in HYBRID_COMBOS]
+        for backend, block_size, layout in combos:
+            out.append(pytest.param(name, backend, block_size, layout, (9, 0), "auto", id=f"{name}-{backend}-b{block_size}-{layout}"))
+        for backend, block_size, layout, cap, dtype in EXTRA_COMBOS:
+            out.append(
+                pytest.param(
+                    name, backend, block_size, layout, cap, dtype,
+                    id=f"{name}-{backend}-b{block_size}-{layout}-sm{cap[0]}{cap[1]}-{dtype}",
+                )
+            )
+    return out
+
+
+# (model, backend, block size, layout) -> reason, for known divergences (xfail strict).
+KNOWN_DIVERGENCES: dict[tuple[str, str, int, str | None], str] = {}
+
+
+def _fail(case, runner: str, lines: str) -> None:
+    pytest.fail(
+        f"runner {runner}:\n{lines}\n  config: {case.to_json()}\n"
+        f"  replay: python -m gpu_impl.vllm_cpu.planning {shlex.quote(case.to_json())} {runner}",
+        pytrace=False,
+    )
+
+
+@pytest.mark.parametrize("name, backend, block_size, layout, capability, cache_dtype", _params())
+def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache_dtype) -> None:
+    from gpu_impl.vllm_cpu.planning import observe
+
+    model = ZOO[name]
+    if model.driver_skip:
+        pytest.skip(f"{name}: {model.driver_skip}")
+    known = KNOWN_DIVERGENCES.get((name, backend, block_size, layout))
+    if known:
+        pytest.xfail(known)  # pragma: no cover - none today
+    case = to_case(
+        model, block_size=block_size, backend=backend, layout=layout, capability=capability, cache_dtype=cache_dtype
+    )
+    try:
+        derive(case)
+    except ConfigError as exc:
+        pytest.skip(f"{case.layers[0].backend} refuses {name} (the backend selector's validation): {exc}")
+    except (StartupError, NotModeledError):
+        pass  # compare() checks vLLM refuses it the same way / reports not_modeled
+    observations = {runner: observe(case, runner) for runner in ("mrv1", "mrv2")}
+    for runner, obs in observations.items():
+        result = compare(case, runner, obs)
+        if result.status == "unsupported":
+            pytest.skip(f"unsupported by the CPU driver: {result.detail}")
+        if result.status == "not_modeled":
+            pytest.skip(f"not modeled by the reference: {result.detail}")
+        if result.status != "pass":
+            _fail(case, runner, "\n".join(f"  {d.message}" for d in result.divergences))
+    mismatches = compare_runners(case, observations["mrv1"], observations["mrv2"])
+    if mismatches:
+        import vllm
+
+        env = Environment(vllm.__version__, {case.name: case_facts(case, observations.values())})
+        verdict = classify(mismatches, env)
+        if verdict.unexpected:
+            _fail(case, "mrv1/mrv2", "\n".join(f"  {d.message}" for d in verdict.unexpected))
+
+
+def test_zoo_hybrid_block_size_is_what_vllm_aligns_to() -> None:
+    """hybrid_block_size mirrors Platform._align_hybrid_block_size's arithmetic, with vLLM's
+    own MambaSpec / FullAttentionSpec page sizes for Qwen3-Next's states."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    model = ZOO["qwen3-next-80b-a3b"]
+    case = to_case(model, block_size=16, backend="FLASH_ATTN")
+    state = next(l for l in case.layers if l.kind == "mamba")
+    attn = next(l for l in case.layers if l.kind == "full")
+    mamba_page = MambaSpec(
+        shapes=state.mamba_shapes, dtypes=tuple(getattr(torch, d) for d in state.mamba_dtypes), block_size=-1
+    ).page_size_bytes
+    per_token = FullAttentionSpec(
+        block_size=1, num_kv_heads=attn.num_kv_heads, head_size=attn.head_size, dtype=torch.bfloat16
+    ).page_size_bytes
+    assert (mamba_page, per_token) == (1097728, 2048)
+    assert hybrid_block_size(model, "FLASH_ATTN", 16) == 16 * -(-mamba_page // (16 * per_token))
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_reads_configs_like_transformers(name) -> None:
+    """The per-layer sliding windows the zoo derives equal what vLLM derives from the
+    config transformers parses: CacheConfig.sliding_window only when ``layer_types`` is
+    absent or all sliding (vllm/engine/arg_utils.py), else the per-layer pattern."""
+    transformers = pytest.importorskip("transformers")
+    model = ZOO[name]
+    raw = {k: v for k, v in model.config.items() if k != "model_type"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parsed = transformers.AutoConfig.for_model(model.config["model_type"], **raw).get_text_config()
+    n = model.text_config.get("num_hidden_layers", model.text_config.get("decoder_layers"))
+    if model.model_type in ("whisper", "deepseek_v3", "nemotron_h"):
+        assert getattr(parsed, "sliding_window", None) is None
+        return
+    types = getattr(parsed, "layer_types", None)
+    window = getattr(parsed, "sliding_window", None)
+    if types is None or all(t == "sliding_attention" for t in types):
+        vllm_windows = [window] * n
+    elif model.model_type == "qwen3_next":
+        vllm_windows = [None] * n
+        assert [t for t in types] == [
+            "full_attention" if l.kind == "full" else "linear_attention"
+            for l in to_case(model, block_size=16, backend="FLASH_ATTN").layers
+        ]
+    else:
+        vllm_windows = [window if t == "sliding_attention" else None for t in types]
+    if model.model_type == "qwen3_next":
+        return
+    assert sliding_windows(model.text_config, model.model_type) == vllm_windows
+
+
+@pytest.mark.parametrize("backend, block_size, layout", COMBOS, ids=[f"{b}-b{s}-{l}" for b, s, l in COMBOS])
+def test_whisper_with_cross_attention_specs_from_vllm(monkeypatch, backend, block_size, layout) -> None:
+    """Whisper's cross-attention through vLLM's own ``CrossAttention.get_kv_cache_spec``.
+
+    The driver does not build 'cross' layers (the main test skips Whisper for that), so
+    this test extends its per-layer step, for this test only, with the real unbound
+    method on a stand-in layer (the attributes it reads: num_kv_heads, head_size,
+    kv_cache_dtype, kv_cache_torch_dtype); everything after it is the driver's.
+    """
+    from types import SimpleNamespace
+
+    import gpu_impl.vllm_cpu.planning as planning
+
+    real = planning._raw_spec
+
+    def raw_spec(layer, backend_cls, spec_cfg, model_config):
+        if layer.kind != "cross":
+            return real(layer, backend_cls, spec_cfg, model_config)
+        from vllm.model_executor.layers.attention.cross_attention import CrossAttention
+        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+        stand_in = SimpleNamespace(
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            kv_cache_dtype=layer.cache_dtype,
+            kv_cache_torch_dtype=kv_cache_dtype_str_to_dtype(layer.cache_dtype, model_config),
+        )
+        return CrossAttention.get_kv_cache_spec(stand_in, spec_cfg)
+
+    monkeypatch.setattr(planning, "_raw_spec", raw_spec)
+    case = to_case(ZOO["whisper-large-v3"], block_size=block_size, backend=backend, layout=layout)
+    observations = {runner: planning.observe(case, runner) for runner in ("mrv1", "mrv2")}
+    for runner, obs in observations.items():
+        assert [g.spec_type for g in obs.groups] == ["FullAttentionSpec", "CrossAttentionSpec"], obs.error
+        result = compare(case, runner, obs)
+        if result.status != "pass":
+            _fail(case, runner, "\n".join(f"  {d.message}" for d in result.divergences) or result.detail)
+    assert compare_runners(case, observations["mrv1"], observations["mrv2"]) == ()
+
+
+@pytest.mark.parametrize(
+    "name, module, cls_name",
+    [
+        ("qwen3-next-80b-a3b", "vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM"),
+        ("nemotron-h-8b", "vllm.model_executor.models.nemotron_h", "NemotronHForCausalLM"),
+    ],
+)
+def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name) -> None:
+    """The zoo's state shapes/dtypes equal the vLLM model class's own
+    ``get_mamba_state_shape_from_config`` / ``get_mamba_state_dtype_from_config`` (TP 1,
+    no speculative tokens, default cache dtypes; Nemotron-H's config hook applied)."""
+    import importlib
+    from types import SimpleNamespace
+
+    import torch
+
+    model = ZOO[name]
+    hf = SimpleNamespace(**model.text_config)
+    cache = SimpleNamespace(mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto", use_replayssm=False)
+    if name == "nemotron-h-8b":
+        from vllm.model_executor.models.config import NemotronHForCausalLMConfig
+
+        NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cache, hf_config=hf)
+    vllm_config = SimpleNamespace(
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        speculative_config=None,
+        num_speculative_tokens=0,
+        cache_config=cache,
+        model_config=SimpleNamespace(hf_config=hf, hf_text_config=hf, dtype=torch.bfloat16),
+    )
+    cls = getattr(importlib.import_module(module), cls_name)
+    shapes = tuple(tuple(s) for s in cls.get_mamba_state_shape_from_config(vllm_config))
+    dtypes = tuple(str(d).removeprefix("torch.") for d in cls.get_mamba_state_dtype_from_config(vllm_config))
+    states = {(l.mamba_shapes, l.mamba_dtypes) for l in to_case(model, block_size=16, backend="FLASH_ATTN").layers if l.kind == "mamba"}
+    assert states == {(shapes, dtypes)}
