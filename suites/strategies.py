@@ -29,8 +29,10 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     ``pick(options)`` returns one of ``options``; ``integer(lo, hi)`` an int in ``[lo, hi]``.
     Options are listed simplest first, so hypothesis shrinks towards readable cases.
     """
-    family = pick(("dense", "swa_hybrid", "mla_draft", "mamba_hybrid"))
-    block_size = pick((16, 32, 64, 128, 256))
+    family = pick(("dense", "swa_hybrid", "mla_draft", "mamba_hybrid", "gqa_draft"))
+    # Non-powers of two too: multiples of 16 are valid for MultipleOf(16) backends, and
+    # force a smaller kernel block (or a refusal) on fixed-size ones like FlashInfer.
+    block_size = pick((16, 32, 64, 128, 256, 48, 96, 272))
     backend, heads = pick(GQA_BACKENDS)
     head_size = pick(heads)
     kv_heads = pick((1, 2, 4))
@@ -44,6 +46,11 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         mla_backend = pick(MLA_BACKENDS)
         layers = [LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576) for i in range(n)]
         layers.append(LayerConfig("draft.layers.0.attn", backend=backend, num_kv_heads=kv_heads, head_size=head_size, is_draft=True))
+    elif family == "gqa_draft":
+        draft_backend, draft_heads = pick(GQA_BACKENDS)
+        layers.append(
+            LayerConfig("draft.layers.0.attn", backend=draft_backend, num_kv_heads=kv_heads, head_size=pick(draft_heads), is_draft=True)
+        )
     elif family == "swa_hybrid":
         sw_heads = pick((1, 2, 4))
         window = pick((64, 512))
