@@ -24,18 +24,10 @@ _NEEDS = f"the reference-vs-vLLM diff needs vllm=={VLLM_VERSION} (e.g. tox -e vl
 
 @functools.lru_cache(maxsize=None)
 def _vllm_problem() -> str | None:
-    """Why vLLM cannot be driven here, or None."""
-    try:
-        import vllm
-    except ImportError as exc:
-        return f"vllm is not importable ({exc}); {_NEEDS}"
-    if getattr(vllm, "__file__", None) is None:
-        # Only a namespace package named "vllm" (e.g. this folder, with tests/ on sys.path).
-        return f"vllm is not installed; {_NEEDS}"
-    version = getattr(vllm, "__version__", "?")
-    if version != VLLM_VERSION:
-        return f"vllm {version} is installed; these tests target {VLLM_VERSION}, the release reference/ was read from"
-    return None
+    """Why vLLM cannot be driven here, or None (the plugin's check, one source of truth)."""
+    from conformance.pytest_plugin import vllm_problem
+
+    return vllm_problem()
 
 
 @pytest.fixture(scope="session", autouse=True)
