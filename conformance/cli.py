@@ -208,6 +208,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_DIVERGENCE
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    """A ``kvconform run --json`` report as JUnit XML, Markdown and/or HTML (or just validated)."""
+    from conformance.report_formats import convert
+
+    return convert(args.report, junit=args.junit, markdown=args.markdown, html=args.html)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvconform", description="KV-cache layout conformance for vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -239,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--expectations", metavar="FILE", help="known divergences (default: the shipped file)")
     p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
     p.set_defaults(func=_cmd_replay)
+
+    p = sub.add_parser("report", help="validate a `kvconform run --json` report and write it as JUnit XML, Markdown or HTML")
+    p.add_argument("report", help="a report written by `kvconform run --json FILE`")
+    p.add_argument("--junit", metavar="FILE", help="JUnit XML: one testsuite per runner and one for mrv1=mrv2 ('-' for stdout)")
+    p.add_argument("--markdown", metavar="FILE", help="Markdown: matrix, divergences, configs and replay lines ('-' for stdout)")
+    p.add_argument("--html", metavar="FILE", help="one standalone HTML page ('-' for stdout)")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("check", help="a KV connector adapter's registration against the reference")
     p.add_argument("--connector", required=True, metavar="MODULE:NAME", help="adapter class/factory, e.g. mypkg.adapters:MyAdapter")
