@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import platform
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -82,7 +83,10 @@ def run_against_vllm(
             "results": results,
         }
 
+    bar = _ProgressBar(len(cases), enabled=not quiet)
+    say = bar.print
     for case in cases:
+        bar.advance(case.name)
         observations = {runner: observe(case, runner) for runner in RUNNERS}
         comparisons = [compare(case, runner, observations[runner]) for runner in RUNNERS]
         diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
@@ -131,7 +135,8 @@ def run_against_vllm(
         if not quiet:
             statuses = " ".join(f"{runner}:{r['status']}" for runner, r in runners.items())
             known = ", expected" if diffs and same == "expected" else ""
-            print(f"  {case.name:34} {statuses}" + (f"  MRv1/MRv2 differ ({len(diffs)}{known})" if diffs else ""))
+            say(f"  {case.name:34} {statuses}" + (f"  MRv1/MRv2 differ ({len(diffs)}{known})" if diffs else ""))
+    bar.close()
     verdict = classify(everything, Environment(env["vllm"], facts), expectations)
     final = report(complete=True, verdict=verdict)
     if json_target == "-":
@@ -146,6 +151,49 @@ def run_against_vllm(
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
         return 5
     return 1 if verdict.unexpected else 0
+
+
+class _ProgressBar:
+    """A rich progress bar on an interactive terminal; plain lines otherwise.
+
+    rich honours NO_COLOR and TERM=dumb itself; without a TTY (CI logs, pipes) or without
+    rich installed, output is the plain per-case lines only.
+    """
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self._progress = None
+        if not (enabled and sys.stdout.isatty()):
+            return
+        try:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        except ImportError:
+            return
+        self._progress = Progress(
+            TextColumn("[progress.description]{task.description:34}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("starting", total=total)
+        self._done = 0
+
+    def advance(self, label: str) -> None:
+        """Show ``label`` as the case now running; the bar counts the ones finished."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=label, completed=self._done)
+            self._done += 1
+
+    def print(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(line, markup=False, highlight=False)
+        else:
+            print(line)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
 
 def _primary_backend(case: CaseConfig) -> str:
@@ -185,7 +233,12 @@ def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[
             failing.append(d.case)
     for name in failing:
         print(f"    config: {cases[name].to_json()}\n    replay: {replay_command(cases[name])}")
+    grouped: dict[tuple[str, str], list[Divergence]] = {}
     for m in verdict.expected:
-        print(f"  expected [{m.expectation.id}] {m.divergence.message}")
+        grouped.setdefault((m.expectation.id, m.divergence.case), []).append(m.divergence)
+    for (entry, case), found in grouped.items():
+        # One line per (expectation, case): the full list is in the JSON report.
+        more = f" (+{len(found) - 1} more in the JSON report)" if len(found) > 1 else ""
+        print(f"  expected [{entry}] {found[0].message}{more}")
     for e in verdict.unused:
         print(f"  UNUSED expectation {e.describe()}: matched nothing in this run; delete or narrow it")
