@@ -69,6 +69,13 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise UsageError(f"case {case.name}: {exc}") from None
     print(explain(d, block_id=args.block))
+    if args.html:
+        from conformance.explain_svg import write_explain_html
+
+        try:
+            write_explain_html(d, args.html, block_id=args.block)
+        except OSError as exc:
+            raise UsageError(f"cannot write {args.html!r}: {exc.strerror}") from None
     return EXIT_OK
 
 
@@ -226,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("case", help="a named case (see `kvconform list`) or a case JSON file")
     p.add_argument("--runner", choices=("mrv1", "mrv2"), default="mrv1")
     p.add_argument("--block", type=int, default=1, help="logical block id to locate (default 1)")
+    p.add_argument("--html", metavar="FILE", help="also write a page with a picture of the pool and that block's K/V bytes")
     p.set_defaults(func=_cmd_explain)
 
     p = sub.add_parser("run", help="conformance report: the installed vLLM against the reference")

@@ -166,3 +166,30 @@ def test_check_with_an_unknown_connector_is_a_usage_error() -> None:
     out = kvconform("check", "--connector", "nope")
     assert out.returncode == 4
     assert "--connector 'nope'" in out.stderr
+
+
+def test_explain_html_draws_the_pool_and_the_block(tmp_path: Path) -> None:
+    from html.parser import HTMLParser
+
+    page = tmp_path / "explain.html"
+    out = kvconform("explain", "flashinfer-b128-k64-hnd", "--block", "1", "--html", str(page))
+    assert out.returncode == 0, out.stderr
+    text = page.read_text()
+    tags: list[str] = []
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):  # type: ignore[override]
+            tags.append(f"{tag}.{dict(attrs).get('class', '')}")
+
+    Collect().feed(text)
+    # 2 layers x 4 logical blocks of pages; K and V of block 1 drawn per layer.
+    assert tags.count("rect.page") >= 8 + 1
+    assert tags.count("rect.k") >= 2 and tags.count("rect.v") >= 2
+    assert "block 1 = kernel blocks [2, 3]" in text
+    assert "<script" not in text
+
+
+def test_explain_html_to_an_unwritable_path_is_a_usage_error() -> None:
+    out = kvconform("explain", "flashinfer-b16", "--html", "/nonexistent/dir/x.html")
+    assert out.returncode == 4
+    assert "cannot write '/nonexistent/dir/x.html'" in out.stderr
