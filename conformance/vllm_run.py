@@ -34,7 +34,33 @@ def _environment() -> dict[str, Any]:
             env[module] = __import__(module).__version__
         except Exception:  # noqa: BLE001 - a missing optional package is just absent
             env[module] = None
+    env["harness"] = _harness_version()
+    env["gpu"] = _gpu_name()
+    env["cases"] = "named and case files (no random sampling, so no seed)"
     return env
+
+
+def _harness_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"kvconform {version('kvconform')}"
+    except PackageNotFoundError:
+        return "kvconform (not installed: run from a checkout)"
+
+
+def _gpu_name() -> str:
+    """The GPU the report ran beside, or "none": asked of nvidia-smi, never of torch.cuda."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return "none"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (nvidia-smi failed)"
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown (nvidia-smi failed)"
 
 
 def run_against_vllm(

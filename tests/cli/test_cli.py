@@ -193,3 +193,27 @@ def test_explain_html_to_an_unwritable_path_is_a_usage_error() -> None:
     out = kvconform("explain", "flashinfer-b16", "--html", "/nonexistent/dir/x.html")
     assert out.returncode == 4
     assert "cannot write '/nonexistent/dir/x.html'" in out.stderr
+
+
+def test_interrupt_exits_2_with_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import conformance.cli as cli
+
+    def interrupted(args):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_list", interrupted)
+    assert cli.main(["list"]) == 2
+    assert capsys.readouterr().err.strip() == "kvconform: interrupted"
+
+
+def test_internal_errors_exit_3_without_traceback(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import conformance.cli as cli
+
+    def broken(args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_cmd_list", broken)
+    monkeypatch.delenv("KVCONFORM_DEBUG", raising=False)
+    assert cli.main(["list"]) == 3
+    err = capsys.readouterr().err
+    assert "internal error: RuntimeError: boom" in err and "Traceback" not in err
