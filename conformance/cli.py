@@ -143,12 +143,48 @@ def _cmd_run_engine(args: argparse.Namespace) -> int:
     return run_against_engine(cases, json_target=args.json, quiet=args.json == "-")
 
 
+PROFILE_SAMPLES = {"named": 0, "ci": 300, "thorough": 3000}
+"""Random configs a ``run`` profile adds to the named cases (seeded: --seed)."""
+
+
+def _run_cases(args: argparse.Namespace) -> list:
+    """Named cases or case files, zoo models, seeded random configs; then the backend filter."""
+    from reference.backends import BACKENDS
+
+    cases = _select_cases(args.case) if args.case or not args.model else []
+    for name in args.model or ():
+        from suites.zoo import load_zoo, to_case
+
+        zoo = load_zoo()
+        if name not in zoo:
+            raise UsageError(f"unknown model {name!r}; expected one of {', '.join(sorted(zoo))}")
+        for backend in ("FLASH_ATTN", "FLASHINFER"):
+            try:
+                cases.append(to_case(zoo[name], block_size=16, backend=backend).with_(name=f"{name}-{backend.lower()}-b16"))
+            except ValueError:
+                continue  # the model's heads do not fit that backend (e.g. head size 96 on FlashInfer)
+    samples = PROFILE_SAMPLES[args.profile]
+    if samples:
+        from suites.strategies import sample_cases
+
+        cases += sample_cases(args.seed, samples)
+    for backend in args.backend or ():
+        if backend not in BACKENDS:
+            raise UsageError(f"unknown backend {backend!r}; expected one of {', '.join(sorted(BACKENDS))}")
+    if args.backend:
+        wanted = set(args.backend)
+        cases = [c for c in cases if wanted & {layer.backend for layer in c.layers}]
+    if not cases:
+        raise NothingRan(f"no case matches the filters (backend {args.backend}, model {args.model}, case {args.case})")
+    return cases
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from conformance.summary import reference_outcome, runner_differences
 
     if args.engine:
         return _cmd_run_engine(args)
-    cases = _select_cases(args.case)
+    cases = _run_cases(args)
     if not args.reference_only:
         import importlib.util
 
@@ -161,8 +197,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ) from None
         from conformance.vllm_run import run_against_vllm
 
+        selection = f"profile {args.profile}" + (f", seed {args.seed}" if PROFILE_SAMPLES[args.profile] else "")
+        selection += "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("model", args.model), ("case", args.case)) if v)
         return run_against_vllm(
-            cases, json_target=args.json, quiet=args.json == "-", expectations=expectations, expectations_source=source
+            cases, json_target=args.json, quiet=args.json == "-", expectations=expectations, expectations_source=source, selection=selection
         )
     results = []
     quiet = args.json == "-"
@@ -273,6 +311,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="conformance report: the installed vLLM against the reference")
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
+    p.add_argument("--backend", action="append", help="keep only cases with a layer on this backend (repeatable)")
+    p.add_argument("--model", action="append", help="add a model-zoo architecture (suites/zoo, repeatable), with FLASH_ATTN and FLASHINFER at block 16")
+    p.add_argument("--profile", choices=tuple(PROFILE_SAMPLES), default="named", help="named: the named cases (default); ci: + 300 seeded random configs; thorough: + 3000")
+    p.add_argument("--seed", type=int, default=20261129, help="seed of the random configs (profiles ci and thorough)")
     p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     p.add_argument(

@@ -36,7 +36,6 @@ def _environment() -> dict[str, Any]:
             env[module] = None
     env["harness"] = _harness_version()
     env["gpu"] = _gpu_name()
-    env["cases"] = "named and case files (no random sampling, so no seed)"
     return env
 
 
@@ -70,6 +69,7 @@ def run_against_vllm(
     quiet: bool,
     expectations: Sequence[Expectation] = (),
     expectations_source: str | None = None,
+    selection: str = "the named cases",
 ) -> int:
     """Observe, compare, classify and print; returns the CLI exit code.
 
@@ -84,6 +84,7 @@ def run_against_vllm(
 
     started = time.time()
     env = _environment()
+    env["cases"] = selection  # profile, seed and filters: enough to rerun the same selection
     if not quiet:
         print(f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, {len(cases)} cases x {len(RUNNERS)} runners")
     everything: list[Divergence] = []

@@ -217,3 +217,38 @@ def test_internal_errors_exit_3_without_traceback(monkeypatch: pytest.MonkeyPatc
     assert cli.main(["list"]) == 3
     err = capsys.readouterr().err
     assert "internal error: RuntimeError: boom" in err and "Traceback" not in err
+
+
+def test_run_filters_by_backend_and_model() -> None:
+    out = kvconform("run", "--reference-only", "--backend", "FLASHMLA", "--json", "-")
+    assert out.returncode == 0, out.stderr
+    names = [r["case"] for r in json.loads(out.stdout)["results"]]
+    assert names and all("mla" in n for n in names)
+    zoo = kvconform("run", "--reference-only", "--model", "llama3-8b", "--json", "-")
+    assert zoo.returncode == 0, zoo.stderr
+    assert [r["case"] for r in json.loads(zoo.stdout)["results"]] == ["llama3-8b-flash_attn-b16", "llama3-8b-flashinfer-b16"]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--backend", "NOPE"], 4, "unknown backend 'NOPE'"),
+        (["--model", "nope"], 4, "unknown model 'nope'"),
+        (["--backend", "CUTLASS_MLA"], 5, "no case matches the filters"),
+    ],
+)
+def test_run_filter_errors(args: list[str], code: int, message: str) -> None:
+    out = kvconform("run", "--reference-only", *args)
+    assert out.returncode == code
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_profile_ci_adds_seeded_random_cases() -> None:
+    first = kvconform("run", "--reference-only", "--profile", "ci", "--seed", "7", "--json", "-")
+    again = kvconform("run", "--reference-only", "--profile", "ci", "--seed", "7", "--json", "-")
+    assert first.returncode == 0, first.stderr
+    a, b = json.loads(first.stdout)["results"], json.loads(again.stdout)["results"]
+    from suites.named_cases import CASES
+
+    assert len(a) == len(CASES) + 300
+    assert [r["config"] for r in a] == [r["config"] for r in b]
