@@ -101,3 +101,65 @@ def sample_cases(seed: int, count: int, **limits: int) -> list[CaseConfig]:
     """``count`` cases from a seeded RNG: the same list on every machine and xdist worker."""
     rng = random.Random(seed)
     return [build_case(rng.choice, rng.randint, name=f"random-s{seed}-{i}", **limits) for i in range(count)]
+
+
+def schedules(widths: Sequence[int], max_num_reqs: int, pool: int = 48, max_ops: int = 30) -> Any:
+    """Valid random block-table request schedules, and what each should leave behind.
+
+    A strategy of ``(ops, blocks, rows)``: the ops (arrivals, appends, removals,
+    preemption and resumption, MRv1 condensing moves and reorder swaps) of
+    ``reference.block_tables``, every live request's logical block ids per group, and its
+    MRv1 row, tracked independently with ``InputBatch``'s rule (a new request takes the
+    lowest free row). Rows never overflow ``widths``.
+    """
+    from hypothesis import strategies as st
+
+    from reference.block_tables import Add, Append, Move, Preempt, Remove, Swap
+
+    @st.composite
+    def build(draw: Any) -> tuple[list[Any], dict[str, tuple[tuple[int, ...], ...]], dict[str, int]]:
+        ops: list[Any] = []
+        blocks: dict[str, list[list[int]]] = {}
+        rows: dict[str, int] = {}
+        preempted: list[str] = []
+        for _ in range(draw(st.integers(0, max_ops))):
+            free = [r for r in range(max_num_reqs) if r not in rows.values()]
+            kinds = ["swap"]
+            if free:
+                kinds += ["add", "add"] + (["resume"] if preempted else [])
+            if blocks:
+                kinds += ["append", "append", "remove", "preempt"] + (["move"] if free else [])
+            kind = draw(st.sampled_from(kinds))
+            if kind in ("add", "resume"):
+                req = preempted.pop(draw(st.integers(0, len(preempted) - 1))) if kind == "resume" else f"r{len(ops)}"
+                ids = [draw(st.lists(st.integers(0, pool - 1), max_size=w)) for w in widths]
+                ops.append(Add(req, ids))
+                blocks[req], rows[req] = [list(x) for x in ids], free[0]
+            elif kind == "append":
+                req = draw(st.sampled_from(sorted(blocks)))
+                ids = [draw(st.lists(st.integers(0, pool - 1), max_size=w - len(have))) for w, have in zip(widths, blocks[req])]
+                ops.append(Append(req, ids))
+                for have, new in zip(blocks[req], ids):
+                    have.extend(new)
+            elif kind in ("remove", "preempt"):
+                req = draw(st.sampled_from(sorted(blocks)))
+                ops.append(Remove(req) if kind == "remove" else Preempt(req))
+                del blocks[req], rows[req]
+                if kind == "preempt":
+                    preempted.append(req)
+            elif kind == "move":
+                req = draw(st.sampled_from(sorted(blocks)))
+                dst = draw(st.sampled_from(free))
+                ops.append(Move(rows[req], dst))
+                rows[req] = dst
+            else:
+                a, b = draw(st.integers(0, max_num_reqs - 1)), draw(st.integers(0, max_num_reqs - 1))
+                ops.append(Swap(a, b))
+                owner = {row: req for req, row in rows.items()}
+                if a in owner:
+                    rows[owner[a]] = b
+                if b in owner:
+                    rows[owner[b]] = a
+        return ops, {r: tuple(tuple(x) for x in b) for r, b in blocks.items()}, rows
+
+    return build()

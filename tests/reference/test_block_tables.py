@@ -44,6 +44,7 @@ from reference.block_tables import (
     slot_mappings_mrv2,
 )
 from reference.errors import ConfigError
+from suites.strategies import schedules
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -579,54 +580,6 @@ def test_failed_add_leaves_the_request_out():
     state2 = MRv2ScheduleState(MRv2BlockTables([16], 2, 16, [8]))
     with pytest.raises(ConfigError, match="schedule op 'oops' is unknown"):
         state2.apply("oops")  # type: ignore[arg-type]
-
-
-@st.composite
-def schedules(draw, widths, max_num_reqs, pool=48, max_ops=30):
-    """A valid random schedule plus what it should leave: blocks per live request and MRv1 rows.
-
-    Tracks rows with InputBatch's rule (a new request takes the lowest free row) on its own.
-    """
-    ops, blocks, rows, preempted, finished = [], {}, {}, [], set()
-    for _ in range(draw(st.integers(0, max_ops))):
-        free = [r for r in range(max_num_reqs) if r not in rows.values()]
-        kinds = ["swap"]
-        if free:
-            kinds += ["add", "add"] + (["resume"] if preempted else [])
-        if blocks:
-            kinds += ["append", "append", "remove", "preempt"] + (["move"] if free else [])
-        kind = draw(st.sampled_from(kinds))
-        if kind in ("add", "resume"):
-            req = preempted.pop(draw(st.integers(0, len(preempted) - 1))) if kind == "resume" else f"r{len(ops)}"
-            ids = [draw(st.lists(st.integers(0, pool - 1), max_size=w)) for w in widths]
-            ops.append(Add(req, ids))
-            blocks[req], rows[req] = [list(x) for x in ids], free[0]
-        elif kind == "append":
-            req = draw(st.sampled_from(sorted(blocks)))
-            ids = [draw(st.lists(st.integers(0, pool - 1), max_size=w - len(have)))
-                   for w, have in zip(widths, blocks[req])]
-            ops.append(Append(req, ids))
-            for have, new in zip(blocks[req], ids):
-                have.extend(new)
-        elif kind in ("remove", "preempt"):
-            req = draw(st.sampled_from(sorted(blocks)))
-            ops.append(Remove(req) if kind == "remove" else Preempt(req))
-            del blocks[req], rows[req]
-            (finished.add(req) if kind == "remove" else preempted.append(req))
-        elif kind == "move":
-            req = draw(st.sampled_from(sorted(blocks)))
-            dst = draw(st.sampled_from(free))
-            ops.append(Move(rows[req], dst))
-            rows[req] = dst
-        else:
-            a, b = draw(st.integers(0, max_num_reqs - 1)), draw(st.integers(0, max_num_reqs - 1))
-            ops.append(Swap(a, b))
-            owner = {row: req for req, row in rows.items()}
-            if a in owner:
-                rows[owner[a]] = b
-            if b in owner:
-                rows[owner[b]] = a
-    return ops, {r: _blocks(b) for r, b in blocks.items()}, rows
 
 
 # groups: (block size, max_num_blocks, MRv1 mode); MRv2 aligns a Mamba group with None as well.
