@@ -188,19 +188,30 @@ def _draft_layers(case: CaseConfig) -> set[str]:
     return {layer.name for layer in case.layers if layer.is_draft}
 
 
+def reference_prediction(case: CaseConfig, runner: str) -> tuple[Derivation | None, str | None, Comparison | None]:
+    """``(derivation, predicted vLLM error, early outcome)`` for one case and runner.
+
+    Exactly one of the three is set: the reference's derivation, the error it predicts
+    vLLM raises, or a ``not_modeled`` comparison that ends the diff. Shared by every
+    comparison (vLLM's layout code, the real engine).
+    """
+    try:
+        return derive(case, runner), None, None
+    except StartupError as exc:
+        return None, exc.vllm_message, None
+    except NotModeledError as exc:
+        return None, None, Comparison(case, runner, "not_modeled", detail=str(exc))
+    except ConfigError as exc:
+        return None, None, Comparison(case, runner, "not_modeled", detail=f"invalid case: {exc}")
+
+
 def compare(case: CaseConfig, runner: str, observation: Any) -> Comparison:
     """Diff the reference against one observation of vLLM for the same case and runner."""
     if getattr(observation, "unsupported", None):
         return Comparison(case, runner, "unsupported", detail=observation.unsupported)
-    try:
-        expected: Derivation | None = derive(case, runner)
-        predicted_error = None
-    except StartupError as exc:
-        expected, predicted_error = None, exc.vllm_message
-    except NotModeledError as exc:
-        return Comparison(case, runner, "not_modeled", detail=str(exc))
-    except ConfigError as exc:
-        return Comparison(case, runner, "not_modeled", detail=f"invalid case: {exc}")
+    expected, predicted_error, early = reference_prediction(case, runner)
+    if early is not None:
+        return early
     c = _Collector(case.name, runner)
     observed_error = getattr(observation, "error", None)
     if predicted_error is not None or observed_error is not None:

