@@ -47,6 +47,7 @@ KINDS = (
     "draft_kernel_block_size",
     "connector_kernel_block_size",
     "cache_block_size",
+    "scheduler_block_size",
     "registered_names",
     "registered_shape",
     "registered_stride",
@@ -69,6 +70,9 @@ KINDS = (
 - ``connector_kernel_block_size``: NIXL/Mooncake's ``_sync_block_size_with_kernel``; only
   compared when the observation carries a ``connector_kernel_block_size`` attribute.
 - ``cache_block_size``: ``cache_config.block_size`` after planning.
+- ``scheduler_block_size``: ``resolve_kv_cache_block_sizes``: the scheduler's token
+  alignment and the prefix-cache hash block (fields ``scheduler_block_size`` and
+  ``hash_block_size``; both scale with DCP).
 - ``registered_*``: the tensors ``register_kv_caches`` gets: which layers, and per layer
   shape, element strides, dtype, storage offset (elements) and storage size (bytes).
 - ``mrv1_mrv2_mismatch``: from ``compare_runners`` only.
@@ -258,6 +262,10 @@ def compare(case: CaseConfig, runner: str, observation: Any) -> Comparison:
     observed_cache_block = getattr(observation, "cache_block_size", None)
     if observed_cache_block is not None:
         c.cmp("cache_block_size", "cache_block_size", expected.cache_block_size, observed_cache_block)
+    for field_name in ("scheduler_block_size", "hash_block_size"):
+        observed_size = getattr(observation, field_name, None)
+        if observed_size is not None:
+            c.cmp("scheduler_block_size", field_name, getattr(expected, field_name), observed_size)
     _cmp_views(c, expected.registered, observation.registered, mismatch=False)
     return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
 
@@ -306,7 +314,8 @@ def compare_runners(case: CaseConfig | str, mrv1: Any, mrv2: Any) -> tuple[Diver
     c2 = getattr(mrv2, "connector_kernel_block_size", _MISSING)
     if c1 is not _MISSING and c2 is not _MISSING:
         c.cmp(kind, "connector_kernel_block_size", c1, c2)
-    c.cmp(kind, "cache_block_size", getattr(mrv1, "cache_block_size", None), getattr(mrv2, "cache_block_size", None))
+    for field_name in ("cache_block_size", "scheduler_block_size", "hash_block_size"):
+        c.cmp(kind, field_name, getattr(mrv1, field_name, None), getattr(mrv2, field_name, None))
     _cmp_views(c, mrv1.registered, mrv2.registered, mismatch=True)
     # What layers are bound to after map_kv_caches_to_kernel_blocks: what the kernels index.
     bound1: Mapping[str, tuple[int, ...]] = getattr(mrv1, "bound_shapes", {}) or {}

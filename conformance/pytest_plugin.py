@@ -533,6 +533,8 @@ def reference_observation(case: Any, runner: str = "mrv1") -> Any:
         kernel_block_sizes=tuple(d.kernel_block_sizes),
         builder_kernel_block_sizes=dict(d.builder_kernel_block_sizes),
         cache_block_size=d.cache_block_size,
+        scheduler_block_size=d.scheduler_block_size,
+        hash_block_size=d.hash_block_size,
         registered=dict(d.registered),
     )
 

@@ -85,6 +85,11 @@ class CaseConfig:
     """``--attention-backend``, when given explicitly (MRv2 drafts inherit it)."""
     speculative_attention_backend: str | None = None
     max_model_len: int = 4096
+    tensor_parallel_size: int = 1
+    """``--tensor-parallel-size``. Layers carry per-rank heads already (see
+    ``reference.parallel.per_rank_kv_heads``); recorded so a case replays as served."""
+    decode_context_parallel_size: int = 1
+    """``--decode-context-parallel-size``: a sharded attention block spans ``block_size * dcp`` tokens."""
     mamba_block_size: int | None = None
     generation: int = 2
     """1: vLLM 0.21 to 0.28 (per-backend shapes, see reference.legacy); 2: 0.30 and later (KVCacheLayout)."""
@@ -107,6 +112,13 @@ class CaseConfig:
             raise ConfigError(f"num_blocks {self.num_blocks!r} must be a positive integer")
         if self.connector is not None and self.connector not in CONNECTORS:
             raise ConfigError(f"connector {self.connector!r} is not one of {', '.join(CONNECTORS)}")
+        from reference.parallel import check_tp_dcp
+
+        for attr in ("tensor_parallel_size", "decode_context_parallel_size"):
+            value = getattr(self, attr)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{attr} {value!r} must be a positive integer")
+        check_tp_dcp(self.tensor_parallel_size, self.decode_context_parallel_size)
         if self.generation not in (1, 2):
             raise ConfigError(f"generation {self.generation!r} must be 1 (vLLM < 0.30) or 2 (vLLM >= 0.30)")
 

@@ -16,6 +16,7 @@ from reference import backends as bk
 from reference.config import CaseConfig, LayerConfig
 from reference.dtypes import quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.parallel import scheduler_block_sizes
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
@@ -51,6 +52,10 @@ class Derivation:
     """Per KV cache group, as ``prepare_kernel_block_sizes`` returns them."""
     cache_block_size: int
     """``cache_config.block_size`` after planning: min over prefix-cacheable groups."""
+    scheduler_block_size: int
+    """The token span the scheduler aligns to: DCP-scaled, LCM over groups."""
+    hash_block_size: int
+    """The prefix-cache hash granularity in tokens (GCD over groups' DCP-scaled spans)."""
     connector_kernel_block_size: int | None
     """What NIXL/Mooncake derive (``_sync_block_size_with_kernel``); None if it fails."""
     registered: dict[str, TensorView]
@@ -294,12 +299,32 @@ def _connector_kernel_block_size(case: CaseConfig, specs: dict[str, LayerSpec], 
         return None
 
 
+def _unaligned_mamba(spec) -> bool:
+    first = first_layer_spec(spec)
+    return isinstance(first, MambaSpec) and first.mamba_cache_mode != "align"
+
+
+def _check_parallel_modeled(case: CaseConfig) -> None:
+    """DCP refusals vLLM makes outside the layout code this reference follows."""
+    if case.decode_context_parallel_size == 1:
+        return
+    if any(layer.kind in ("sliding_window", "sliding_window_mla") for layer in case.layers):
+        raise NotModeledError(
+            "sliding-window layers under DCP: vLLM refuses them at admission "
+            "(SlidingWindowSpec.max_memory_usage_bytes: 'DCP not support sliding window.'), "
+            "which the reference does not model"
+        )
+    if case.connector is not None:
+        raise NotModeledError("KV connectors under DCP are checked by VllmConfig validation, not modeled")
+
+
 def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     """Run the reference pipeline; raises ConfigError, StartupError or NotModeledError."""
     if runner not in ("mrv1", "mrv2"):
         raise ConfigError(f"runner {runner!r} is not one of mrv1, mrv2")
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.legacy, not reference.derive")
+    _check_parallel_modeled(case)
     specs, backends = _customized_specs(case, runner)
     layout = _resolve_layout(case, specs, backends)
     groups = get_kv_cache_groups(dict(specs), layout)
@@ -321,6 +346,15 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
     cache_block_size = min(prefix_cacheable)
     grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}
+    scheduler_block, hash_block = scheduler_block_sizes(
+        (
+            # Every spec kind modeled here is prefix-cacheable (vLLM's default).
+            (g.spec.block_size, g.spec.dcp_sharded, True, _unaligned_mamba(g.spec))
+            for g in kv_plan.groups
+        ),
+        cache_block_size=cache_block_size,
+        decode_context_parallel_size=case.decode_context_parallel_size,
+    )
     return Derivation(
         case=case,
         runner=runner,
@@ -330,6 +364,8 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         plan=kv_plan,
         kernel_block_sizes=kernel_sizes,
         cache_block_size=cache_block_size,
+        scheduler_block_size=scheduler_block,
+        hash_block_size=hash_block,
         connector_kernel_block_size=_connector_kernel_block_size(case, grouped_specs, backends, cache_block_size),
         registered=views,
         builder_kernel_block_sizes=builder_sizes,

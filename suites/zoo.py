@@ -18,8 +18,7 @@ would build its attention layers from it at tensor-parallel size 1:
 - speculative drafts (DeepSeek MTP, an Eagle3 head) as ``is_draft`` layers named after the
   target's last layer (``mtp_start_layer_idx`` / ``start_layer_id = num_hidden_layers``).
 
-Whatever is approximated is recorded in ``ZooModel.approximations``; what the CPU driver
-cannot run is ``ZooModel.driver_skip`` (a reason, never a silent drop).
+Whatever is approximated is recorded in ``ZooModel.approximations``.
 """
 
 from __future__ import annotations
@@ -79,8 +78,6 @@ class ZooModel:
     draft_config: Mapping[str, Any] | None = None
     draft_path: Path | None = None
     approximations: tuple[str, ...] = ()
-    driver_skip: str | None = None
-    """Why ``gpu_impl.vllm_cpu.planning`` cannot drive this model (None: it can)."""
 
     @property
     def text_config(self) -> Mapping[str, Any]:
@@ -201,12 +198,6 @@ def _model(name: str, path: Path, cfg: dict[str, Any], *, draft: dict | None = N
     model_type = text.get("model_type") or cfg["model_type"]
     if model_type not in _SUPPORTED:
         raise ConfigError(f"{path}: model_type {model_type!r} is not one the zoo converts ({', '.join(sorted(_SUPPORTED))})")
-    skip = None
-    if model_type == "whisper":
-        skip = (
-            "cross-attention (CrossAttentionSpec) is not driven by gpu_impl.vllm_cpu.planning "
-            "(_raw_spec handles full/sliding_window/mla/mamba only)"
-        )
     return ZooModel(
         name=name,
         path=path,
@@ -214,7 +205,6 @@ def _model(name: str, path: Path, cfg: dict[str, Any], *, draft: dict | None = N
         draft_config=draft,
         draft_path=draft_path,
         approximations=_approximations(model_type, text, draft),
-        driver_skip=skip,
     )
 
 

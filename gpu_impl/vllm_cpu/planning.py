@@ -106,6 +106,10 @@ class Observation:
     (``create_metadata_builders``' per-backend ``select_common_block_size``)."""
     cache_block_size: int | None = None
     """``cache_config.block_size`` after planning (engine core: min over prefix-cacheable groups)."""
+    scheduler_block_size: int | None = None
+    """``resolve_kv_cache_block_sizes``: the token span the scheduler aligns to (DCP-scaled)."""
+    hash_block_size: int | None = None
+    """``resolve_kv_cache_block_sizes``: the prefix-cache hash granularity in tokens."""
     error: str | None = None
     """``"ValueError: <message>"`` when vLLM refused the configuration; the fields of
     the steps before ``error_stage`` are still filled in."""
@@ -241,7 +245,13 @@ def _configure(case) -> Iterator[Any]:
     cc.mamba_cache_mode = "none"
     # The model-wide --kv-cache-dtype: what the target attention layers use.
     cc.cache_dtype = next((l.cache_dtype for l in case.layers if not l.is_draft and l.kind != "mamba"), "auto")
+    # vLLM's defaults for a generative model: block hashing for prefix caching on.
+    cc.enable_prefix_caching = True
+    cc.prefix_match_unit = None
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    pc = vc.parallel_config
+    pc.tensor_parallel_size = case.tensor_parallel_size
+    pc.decode_context_parallel_size = case.decode_context_parallel_size
     saved_model_config = vc.model_config
     saved_transfer = vc.kv_transfer_config
     saved_env = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
@@ -257,6 +267,7 @@ def _configure(case) -> Iterator[Any]:
         with shims.fake_capability(case.capability), set_current_vllm_config(vc):
             yield vc
     finally:
+        pc.tensor_parallel_size = pc.decode_context_parallel_size = 1
         os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
         if saved_env is not None:
             os.environ["VLLM_KV_CACHE_LAYOUT"] = saved_env
@@ -308,6 +319,28 @@ def _raw_spec(layer, backend_cls, spec_cfg, model_config):
             head_size_v=layer.head_size_v if layer.head_size_v is not None else layer.head_size,
         )
         return Attention.get_kv_cache_spec(stand_in, spec_cfg)
+    if kind in ("cross", "chunked_local", "sink_full"):
+        from vllm.v1.attention.backend import AttentionType
+
+        stand_in = SimpleNamespace(
+            attn_type=AttentionType.DECODER,
+            kv_cache_dtype=layer.cache_dtype,
+            kv_cache_torch_dtype=kv_cache_dtype_str_to_dtype(layer.cache_dtype, model_config),
+            num_kv_heads=layer.num_kv_heads,
+            head_size=layer.head_size,
+            head_size_v=layer.head_size_v if layer.head_size_v is not None else layer.head_size,
+            attention_chunk_size=layer.attention_chunk_size,
+            sink_len=layer.sink_len,
+        )
+        if kind == "cross":
+            from vllm.model_executor.layers.attention.cross_attention import CrossAttention as layer_cls
+        elif kind == "chunked_local":
+            from vllm.model_executor.layers.attention.chunked_local_attention import (
+                ChunkedLocalAttention as layer_cls,
+            )
+        else:
+            from vllm.model_executor.layers.attention.static_sink_attention import StaticSinkAttention as layer_cls
+        return layer_cls.get_kv_cache_spec(stand_in, spec_cfg)
     if kind in ("mla", "sliding_window_mla"):
         from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 
@@ -426,13 +459,22 @@ def _metadata_builder_pass(attn_groups, kernel_block_sizes) -> dict[str, int]:
     return per_layer
 
 
-def _cache_block_size(kv_cache_config) -> int:
-    """``EngineCore._initialize_kv_caches``: the scheduler's block size after planning."""
-    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+def _scheduler_block_sizes(vc, kv_cache_config) -> tuple[int, int, int]:
+    """``EngineCore._initialize_kv_caches`` after planning: (cache_config.block_size,
+    scheduler block size, hash block size), with vLLM's ``resolve_kv_cache_block_sizes``."""
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, resolve_kv_cache_block_sizes
 
-    groups = generate_scheduler_kv_cache_config([kv_cache_config]).kv_cache_groups
+    scheduler_config = generate_scheduler_kv_cache_config([kv_cache_config])
+    groups = scheduler_config.kv_cache_groups
     participating = [g.kv_cache_spec.block_size for g in groups if g.kv_cache_spec.prefix_cacheable]
-    return min(participating if participating else [g.kv_cache_spec.block_size for g in groups])
+    cache_block_size = min(participating if participating else [g.kv_cache_spec.block_size for g in groups])
+    cc = vc.cache_config
+    saved, cc.block_size = cc.block_size, cache_block_size
+    try:
+        scheduler, hashing = resolve_kv_cache_block_sizes(scheduler_config, vc)
+    finally:
+        cc.block_size = saved
+    return cache_block_size, scheduler, hashing
 
 
 def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
@@ -504,7 +546,9 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
             for name, t in kv_caches.items()
         }
         if kv_cache_config.kv_cache_groups:
-            result["cache_block_size"] = _cache_block_size(kv_cache_config)
+            with _stage("scheduler_block_sizes"):
+                sizes = _scheduler_block_sizes(vc, kv_cache_config)
+            result["cache_block_size"], result["scheduler_block_size"], result["hash_block_size"] = sizes
         with _stage("bind"):
             result["builder_kernel_block_sizes"] = _metadata_builder_pass(attn_groups, kernel_block_sizes)
             bound = map_kv_caches_to_kernel_blocks(kv_caches, (g for gs in attn_groups for g in gs))

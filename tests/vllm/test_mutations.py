@@ -240,6 +240,20 @@ def _scheduler_uses_largest_block(original: Callable) -> Callable:
     return generate_scheduler_kv_cache_config
 
 
+def _scheduler_ignores_dcp(original: Callable) -> Callable:
+    """``resolve_kv_cache_block_sizes`` computing spans as if DCP were 1."""
+
+    def resolve_kv_cache_block_sizes(kv_cache_config, vllm_config):
+        parallel = vllm_config.parallel_config
+        saved, parallel.decode_context_parallel_size = parallel.decode_context_parallel_size, 1
+        try:
+            return original(kv_cache_config, vllm_config)
+        finally:
+            parallel.decode_context_parallel_size = saved
+
+    return resolve_kv_cache_block_sizes
+
+
 @dataclass(frozen=True)
 class Mutation:
     """One vLLM function replaced by a wrong variant, and what the diff must report."""
@@ -331,7 +345,13 @@ MUTATIONS = (
     ),
     Mutation(
         "scheduler-largest-block", "swa-hybrid-scaled", "vllm.v1.core.kv_cache_utils", "generate_scheduler_kv_cache_config",
-        _scheduler_uses_largest_block, "cache_block_size", frozenset({"cache_block_size"}),
+        # The hash block is the GCD of the (now equal) group sizes: it moves too.
+        _scheduler_uses_largest_block, "cache_block_size", frozenset({"cache_block_size", "scheduler_block_size"}),
+    ),
+    Mutation(
+        "scheduler-ignores-dcp", "gqa-tp8-dcp4-flashinfer-b128", "vllm.v1.core.kv_cache_utils",
+        "resolve_kv_cache_block_sizes", _scheduler_ignores_dcp, "scheduler_block_size",
+        frozenset({"scheduler_block_size"}),
     ),
 )
 

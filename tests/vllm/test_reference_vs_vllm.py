@@ -88,6 +88,8 @@ def diff(ref: Derivation, obs: Observation) -> list[str]:
             check(f"kv_cache_tensors[{i}].{attr}", getattr(rt, attr), getattr(vt, attr))
     check("kernel_block_sizes", tuple(ref.kernel_block_sizes), obs.kernel_block_sizes)
     check("cache_block_size", ref.cache_block_size, obs.cache_block_size)
+    check("scheduler_block_size", ref.scheduler_block_size, obs.scheduler_block_size)
+    check("hash_block_size", ref.hash_block_size, obs.hash_block_size)
     if hasattr(ref, "builder_kernel_block_sizes"):
         check("builder_kernel_block_sizes", dict(ref.builder_kernel_block_sizes), obs.builder_kernel_block_sizes)
     check("registered.layers", list(ref.registered), list(obs.registered))

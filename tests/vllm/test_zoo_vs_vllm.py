@@ -8,8 +8,8 @@ observed through ``gpu_impl.vllm_cpu.planning.observe`` for both model runners:
 - ``compare_runners`` must be clean, or every mismatch matched by
   ``conformance/expectations.toml`` (``conformance.expectations.classify``).
 
-What the driver cannot run (Whisper's cross-attention) and combos a backend refuses
-(Phi-3's head size 96 under FlashInfer) are skipped with the reason, never dropped.
+Combos a backend refuses (Phi-3's head size 96 under FlashInfer) are skipped with the
+reason, never dropped.
 A further test checks the zoo's reading of each config (sliding windows, layer types)
 against transformers' own config classes, which is what vLLM parses them with.
 """
@@ -82,8 +82,6 @@ def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache
     from gpu_impl.vllm_cpu.planning import observe
 
     model = ZOO[name]
-    if model.driver_skip:
-        pytest.skip(f"{name}: {model.driver_skip}")
     known = KNOWN_DIVERGENCES.get((name, backend, block_size, layout))
     if known:
         pytest.xfail(known)  # pragma: no cover - none today
@@ -168,37 +166,13 @@ def test_zoo_reads_configs_like_transformers(name) -> None:
 
 
 @pytest.mark.parametrize("backend, block_size, layout", COMBOS, ids=[f"{b}-b{s}-{l}" for b, s, l in COMBOS])
-def test_whisper_with_cross_attention_specs_from_vllm(monkeypatch, backend, block_size, layout) -> None:
-    """Whisper's cross-attention through vLLM's own ``CrossAttention.get_kv_cache_spec``.
+def test_whisper_groups_self_and_cross_attention(backend, block_size, layout) -> None:
+    """Whisper's decoder through vLLM's own ``Attention`` and ``CrossAttention``
+    ``get_kv_cache_spec``: two groups (self, cross), each as the reference places it."""
+    from gpu_impl.vllm_cpu.planning import observe
 
-    The driver does not build 'cross' layers (the main test skips Whisper for that), so
-    this test extends its per-layer step, for this test only, with the real unbound
-    method on a stand-in layer (the attributes it reads: num_kv_heads, head_size,
-    kv_cache_dtype, kv_cache_torch_dtype); everything after it is the driver's.
-    """
-    from types import SimpleNamespace
-
-    import gpu_impl.vllm_cpu.planning as planning
-
-    real = planning._raw_spec
-
-    def raw_spec(layer, backend_cls, spec_cfg, model_config):
-        if layer.kind != "cross":
-            return real(layer, backend_cls, spec_cfg, model_config)
-        from vllm.model_executor.layers.attention.cross_attention import CrossAttention
-        from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-
-        stand_in = SimpleNamespace(
-            num_kv_heads=layer.num_kv_heads,
-            head_size=layer.head_size,
-            kv_cache_dtype=layer.cache_dtype,
-            kv_cache_torch_dtype=kv_cache_dtype_str_to_dtype(layer.cache_dtype, model_config),
-        )
-        return CrossAttention.get_kv_cache_spec(stand_in, spec_cfg)
-
-    monkeypatch.setattr(planning, "_raw_spec", raw_spec)
     case = to_case(ZOO["whisper-large-v3"], block_size=block_size, backend=backend, layout=layout)
-    observations = {runner: planning.observe(case, runner) for runner in ("mrv1", "mrv2")}
+    observations = {runner: observe(case, runner) for runner in ("mrv1", "mrv2")}
     for runner, obs in observations.items():
         assert [g.spec_type for g in obs.groups] == ["FullAttentionSpec", "CrossAttentionSpec"], obs.error
         result = compare(case, runner, obs)
