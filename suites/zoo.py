@@ -3,7 +3,7 @@
 ``suites/zoo/*.json`` are the config files of real architectures, as published on the
 Hub (no weights; nothing is downloaded). ``load_zoo()`` reads them and ``to_case()``
 turns one into a ``reference.config.CaseConfig`` the way vLLM 0.33.0's model code
-would build its attention layers from it at tensor-parallel size 1:
+would build its attention layers from it on one rank (``tensor_parallel_size``, default 1):
 
 - layer names as vLLM registers them (``model.layers.{i}.self_attn.attn``, Qwen3-Next's
   ``model.layers.{i}.linear_attn``, Whisper's ``.decoder.layers.{i}.encoder_attn.attn``, leading dot included);
@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from reference.backends import get_backend
 from reference.config import CaseConfig, LayerConfig
 from reference.errors import ConfigError
+from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 from reference.specs import MultipleOf
 
 ZOO_DIR = Path(__file__).with_name("zoo")
@@ -111,7 +112,7 @@ def _read(path: Path) -> dict[str, Any]:
 
 
 def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str, Any] | None) -> tuple[str, ...]:
-    notes = ["tensor-parallel size 1 (num_kv_heads as in the config)"]
+    notes: list[str] = []
     if model_type == "deepseek_v3":
         notes.append(
             "MLA latent cache modeled as one 576-wide head (kv_lora_rank 512 + qk_rope_head_dim 64); "
@@ -275,23 +276,33 @@ def _attention_backend(backend: str, *, mla: bool) -> str:
     return backend
 
 
-def _mamba_layer(name: str, text: Mapping[str, Any], model_type: str, model_dtype: str) -> LayerConfig:
+def _tp_divide(value: int, tp: int, what: str) -> int:
+    """vLLM's ``divide`` (an assertion there): a TP-sharded state dimension must split evenly."""
+    if value % tp:
+        raise ConfigError(f"{what} {value} is not divisible by tensor_parallel_size {tp}")
+    return value // tp
+
+
+def _mamba_layer(name: str, text: Mapping[str, Any], model_type: str, model_dtype: str, tp: int = 1) -> LayerConfig:
     if model_type == "qwen3_next":
-        # MambaStateShapeCalculator.gated_delta_net_state_shape (tp 1, no spec tokens, SD layout)
+        # MambaStateShapeCalculator.gated_delta_net_state_shape (no spec tokens, SD layout)
         nk, nv = text["linear_num_key_heads"], text["linear_num_value_heads"]
         dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
-        conv_dim = dk * nk * 2 + dv * nv
-        shapes = ((text["linear_conv_kernel_dim"] - 1, conv_dim), (nv, dv, dk))
+        conv_dim = _tp_divide(dk * nk * 2 + dv * nv, tp, "linear-attention conv dim")
+        shapes = ((text["linear_conv_kernel_dim"] - 1, conv_dim), (_tp_divide(nv, tp, "linear_num_value_heads"), dv, dk))
         # gated_delta_net_state_dtype: 'auto' caches use the model dtype for both states.
         return LayerConfig(
             name, kind="mamba", backend="GDN_ATTN", mamba_shapes=shapes, mamba_dtypes=(model_dtype, model_dtype)
         )
     if model_type == "nemotron_h":
-        # NemotronHForCausalLM.get_mamba_state_shape_from_config -> mamba2_state_shape (tp 1)
+        # NemotronHForCausalLM.get_mamba_state_shape_from_config -> mamba2_state_shape:
+        # groups are replicated up to TP when they do not shard (extra_groups_for_head_shards).
         n_groups, state = text["n_groups"], text["ssm_state_size"]
         heads, head_dim = text["mamba_num_heads"], text["mamba_head_dim"]
-        conv_dim = heads * head_dim + 2 * n_groups * state
-        shapes = ((text["conv_kernel"] - 1, conv_dim), (heads, head_dim, state))
+        if n_groups % tp:
+            n_groups = tp
+        conv_dim = _tp_divide(heads * head_dim + 2 * n_groups * state, tp, "mamba conv dim")
+        shapes = ((text["conv_kernel"] - 1, conv_dim), (_tp_divide(heads, tp, "mamba_num_heads"), head_dim, state))
         ssm_dtype = text.get("mamba_ssm_cache_dtype", "float32")
         return LayerConfig(
             name, kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=shapes, mamba_dtypes=(model_dtype, ssm_dtype)
@@ -299,14 +310,25 @@ def _mamba_layer(name: str, text: Mapping[str, Any], model_type: str, model_dtyp
     raise ConfigError(f"no state layers for model_type {model_type!r}")
 
 
-def _layers(model: ZooModel, backend: str, cache_dtype: str) -> list[LayerConfig]:
+def model_heads(model: ZooModel) -> ModelHeads:
+    """The target's head totals, as vLLM's ``ModelArchitectureConfig`` reads them."""
+    text = model.text_config
+    if model.model_type == "whisper":
+        q = text["decoder_attention_heads"]
+        return ModelHeads(total_kv_heads=q, total_attention_heads=q)
+    q = text["num_attention_heads"]
+    return ModelHeads(total_kv_heads=text.get("num_key_value_heads") or q, total_attention_heads=q, use_mla=model.is_mla)
+
+
+def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> list[LayerConfig]:
     text = model.text_config
     mt = model.model_type
     n = text.get("num_hidden_layers")
     layers: list[LayerConfig] = []
+    kv_per_rank = per_rank_kv_heads(model_heads(model), tp)
     if mt in _DECODER_ONLY:
         attn = _attention_backend(backend, mla=False)
-        kv = text.get("num_key_value_heads") or text["num_attention_heads"]
+        kv = kv_per_rank
         hd = _head_dim(text)
         # Multimodal wrappers build the text model under "language_model" (gemma3_mm.py:
         # init_vllm_registered_model(prefix="language_model") -> Gemma3ForCausalLM's "model").
@@ -347,13 +369,13 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str) -> list[LayerConfig
                     LayerConfig(
                         f"model.layers.{i}.self_attn.attn",
                         backend=attn,
-                        num_kv_heads=text["num_key_value_heads"],
+                        num_kv_heads=kv_per_rank,
                         head_size=_head_dim(text),
                         cache_dtype=cache_dtype,
                     )
                 )
             else:
-                layers.append(_mamba_layer(f"model.layers.{i}.linear_attn", text, mt, model.model_dtype))
+                layers.append(_mamba_layer(f"model.layers.{i}.linear_attn", text, mt, model.model_dtype, tp))
     elif mt == "nemotron_h":
         attn = _attention_backend(backend, mla=False)
         for i, t in enumerate(text["hybrid_override_pattern"]):
@@ -362,7 +384,7 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str) -> list[LayerConfig
                     LayerConfig(
                         f"model.layers.{i}.mixer.attn",
                         backend=attn,
-                        num_kv_heads=text["num_key_value_heads"],
+                        num_kv_heads=kv_per_rank,
                         head_size=_head_dim(text),
                         cache_dtype=cache_dtype,
                         sliding_window=text.get("sliding_window"),
@@ -370,7 +392,7 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str) -> list[LayerConfig
                     )
                 )
             elif t == "M":
-                layers.append(_mamba_layer(f"model.layers.{i}.mixer", text, mt, model.model_dtype))
+                layers.append(_mamba_layer(f"model.layers.{i}.mixer", text, mt, model.model_dtype, tp))
             elif t not in "-E":
                 raise ConfigError(f"hybrid_override_pattern: unknown layer type {t!r} at layer {i}")
     elif mt == "whisper":
@@ -387,7 +409,7 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str) -> list[LayerConfig
                         f".decoder.layers.{i}.{sub}.attn",
                         kind=kind,
                         backend=attn,
-                        num_kv_heads=heads,
+                        num_kv_heads=kv_per_rank,
                         head_size=hd,
                         cache_dtype=cache_dtype,
                     )
@@ -403,7 +425,11 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str) -> list[LayerConfig
                 LayerConfig(
                     f"model.layers.{start + j}.self_attn.attn",
                     backend=attn,
-                    num_kv_heads=draft.get("num_key_value_heads") or draft["num_attention_heads"],
+                    # The draft runs at the target's TP (draft_tensor_parallel_size's default).
+                    num_kv_heads=per_rank_kv_heads(
+                        ModelHeads(draft.get("num_key_value_heads") or draft["num_attention_heads"], draft["num_attention_heads"]),
+                        tp,
+                    ),
                     head_size=_head_dim(draft),
                     cache_dtype=cache_dtype,
                     is_draft=True,
@@ -451,19 +477,27 @@ def to_case(
     cache_dtype: str = "auto",
     capability: tuple[int, int] = (9, 0),
     max_model_len: int = 4096,
+    tensor_parallel_size: int = 1,
+    decode_context_parallel_size: int = 1,
 ) -> CaseConfig:
     """The reference case vLLM would plan for ``model`` served with these options.
 
     ``backend`` is the attention backend (``--attention-backend``-like, but per layer); an
     MLA model given a plain backend runs its MLA sibling (``MLA_BACKEND_FOR``), and state
-    layers always run their own state backend.
+    layers always run their own state backend. Heads and state shapes are one TP rank's;
+    a TP/DCP combination vLLM refuses raises ``ConfigError`` with vLLM's text.
     """
-    layers = _layers(model, backend, cache_dtype)
+    check_parallel(model_heads(model), tensor_parallel_size, decode_context_parallel_size)
+    layers = _layers(model, backend, cache_dtype, tensor_parallel_size)
     name = f"zoo-{model.name}-{backend.lower()}-b{block_size}" + (f"-{layout.lower()}" if layout else "")
     if cache_dtype != "auto":
         name += f"-{cache_dtype}"
     if capability != (9, 0):
         name += f"-sm{capability[0]}{capability[1]}"
+    if tensor_parallel_size > 1:
+        name += f"-tp{tensor_parallel_size}"
+    if decode_context_parallel_size > 1:
+        name += f"-dcp{decode_context_parallel_size}"
     return CaseConfig(
         name,
         tuple(layers),
@@ -473,6 +507,8 @@ def to_case(
         layout=layout,
         capability=capability,
         max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        decode_context_parallel_size=decode_context_parallel_size,
         note=f"{model.architecture} from {model.path.name}; approximations: " + "; ".join(model.approximations),
     )
 
@@ -482,6 +518,7 @@ __all__ = [
     "MLA_BACKEND_FOR",
     "ZOO_DIR",
     "ZooModel",
+    "model_heads",
     "hybrid_block_size",
     "layer_types",
     "sliding_windows",

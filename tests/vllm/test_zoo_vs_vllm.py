@@ -42,6 +42,12 @@ EXTRA_COMBOS = (
     ("FLASHINFER", 64, "LBHNC", (10, 0), "fp8"),
 )
 
+# (backend, block size, layout, TP, DCP): one rank of a parallel deployment. DCP needs
+# TP above the KV head count for GQA models; vLLM refuses the rest (skipped with its text).
+PARALLEL_COMBOS = (
+    ("FLASHINFER", 128, "LBNHC", 8, 1),
+    ("FLASH_ATTN", 64, None, 16, 2),
+)
 # Hybrid models also at the block size vLLM would raise them to (update_block_size_for_backend).
 HYBRID_COMBOS = (("FLASH_ATTN", None), ("FLASHINFER", "LBNHC"))
 
@@ -54,12 +60,19 @@ def _params():
         if any(l.kind == "mamba" for l in to_case(model, block_size=16, backend="FLASH_ATTN").layers):
             combos += [(b, hybrid_block_size(model, b, 16), lay) for b, lay in HYBRID_COMBOS]
         for backend, block_size, layout in combos:
-            out.append(pytest.param(name, backend, block_size, layout, (9, 0), "auto", id=f"{name}-{backend}-b{block_size}-{layout}"))
+            out.append(pytest.param(name, backend, block_size, layout, (9, 0), "auto", 1, 1, id=f"{name}-{backend}-b{block_size}-{layout}"))
         for backend, block_size, layout, cap, dtype in EXTRA_COMBOS:
             out.append(
                 pytest.param(
-                    name, backend, block_size, layout, cap, dtype,
+                    name, backend, block_size, layout, cap, dtype, 1, 1,
                     id=f"{name}-{backend}-b{block_size}-{layout}-sm{cap[0]}{cap[1]}-{dtype}",
+                )
+            )
+        for backend, block_size, layout, tp, dcp in PARALLEL_COMBOS:
+            out.append(
+                pytest.param(
+                    name, backend, block_size, layout, (9, 0), "auto", tp, dcp,
+                    id=f"{name}-{backend}-b{block_size}-{layout}-tp{tp}-dcp{dcp}",
                 )
             )
     return out
@@ -77,17 +90,21 @@ def _fail(case, runner: str, lines: str) -> None:
     )
 
 
-@pytest.mark.parametrize("name, backend, block_size, layout, capability, cache_dtype", _params())
-def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache_dtype) -> None:
+@pytest.mark.parametrize("name, backend, block_size, layout, capability, cache_dtype, tp, dcp", _params())
+def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache_dtype, tp, dcp) -> None:
     from gpu_impl.vllm_cpu.planning import observe
 
     model = ZOO[name]
     known = KNOWN_DIVERGENCES.get((name, backend, block_size, layout))
     if known:
         pytest.xfail(known)  # pragma: no cover - none today
-    case = to_case(
-        model, block_size=block_size, backend=backend, layout=layout, capability=capability, cache_dtype=cache_dtype
-    )
+    try:
+        case = to_case(
+            model, block_size=block_size, backend=backend, layout=layout, capability=capability,
+            cache_dtype=cache_dtype, tensor_parallel_size=tp, decode_context_parallel_size=dcp,
+        )
+    except ConfigError as exc:
+        pytest.skip(f"vLLM refuses {name} at TP {tp} / DCP {dcp} or on {backend}: {exc}")
     try:
         derive(case)
     except ConfigError as exc:
@@ -181,6 +198,7 @@ def test_whisper_groups_self_and_cross_attention(backend, block_size, layout) ->
     assert compare_runners(case, observations["mrv1"], observations["mrv2"]) == ()
 
 
+@pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize(
     "name, module, cls_name",
     [
@@ -188,10 +206,10 @@ def test_whisper_groups_self_and_cross_attention(backend, block_size, layout) ->
         ("nemotron-h-8b", "vllm.model_executor.models.nemotron_h", "NemotronHForCausalLM"),
     ],
 )
-def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name) -> None:
+def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name, tp) -> None:
     """The zoo's state shapes/dtypes equal the vLLM model class's own
-    ``get_mamba_state_shape_from_config`` / ``get_mamba_state_dtype_from_config`` (TP 1,
-    no speculative tokens, default cache dtypes; Nemotron-H's config hook applied)."""
+    ``get_mamba_state_shape_from_config`` / ``get_mamba_state_dtype_from_config`` at TP 1,
+    2 and 4 (no speculative tokens, default cache dtypes; Nemotron-H's config hook applied)."""
     import importlib
     from types import SimpleNamespace
 
@@ -205,7 +223,7 @@ def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name) -> None:
 
         NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cache, hf_config=hf)
     vllm_config = SimpleNamespace(
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp),
         speculative_config=None,
         num_speculative_tokens=0,
         cache_config=cache,
@@ -214,5 +232,58 @@ def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name) -> None:
     cls = getattr(importlib.import_module(module), cls_name)
     shapes = tuple(tuple(s) for s in cls.get_mamba_state_shape_from_config(vllm_config))
     dtypes = tuple(str(d).removeprefix("torch.") for d in cls.get_mamba_state_dtype_from_config(vllm_config))
-    states = {(l.mamba_shapes, l.mamba_dtypes) for l in to_case(model, block_size=16, backend="FLASH_ATTN").layers if l.kind == "mamba"}
+    case = to_case(model, block_size=16, backend="FLASH_ATTN", tensor_parallel_size=tp)
+    states = {(l.mamba_shapes, l.mamba_dtypes) for l in case.layers if l.kind == "mamba"}
     assert states == {(shapes, dtypes)}
+
+
+PARALLEL_GRID = ((1, 1), (2, 1), (4, 1), (8, 1), (16, 1), (3, 1), (8, 2), (16, 2), (16, 4), (32, 8), (64, 8))
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_zoo_parallel_heads_and_refusals_are_vllms(name) -> None:
+    """Per-rank KV heads and TP/DCP refusals equal vLLM's own: ``ModelConfig.get_num_kv_heads``
+    and ``verify_with_parallel_config`` (run on the ``ModelArchitectureConfig`` vLLM's
+    convertor builds from the transformers-parsed config) and ``ParallelConfig``'s validator."""
+    transformers = pytest.importorskip("transformers")
+    from types import SimpleNamespace
+
+    from vllm.config import ParallelConfig
+    from vllm.config.model import ModelConfig
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        MODEL_ARCH_CONFIG_CONVERTORS,
+        ModelArchConfigConvertorBase,
+    )
+
+    model = ZOO[name]
+    raw = {k: v for k, v in model.config.items() if k != "model_type"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hf = transformers.AutoConfig.for_model(model.config["model_type"], **raw)
+    convertor = MODEL_ARCH_CONFIG_CONVERTORS.get(hf.model_type, ModelArchConfigConvertorBase)
+    arch = convertor(hf, hf.get_text_config()).convert(supports_multimodal=False)
+    stand_in = SimpleNamespace(model_arch_config=arch, use_mla=model.is_mla, multimodal_config=None)
+    stand_in.get_total_num_kv_heads = lambda: arch.total_num_kv_heads
+    for tp, dcp in PARALLEL_GRID:
+        try:
+            ModelConfig.verify_with_parallel_config(
+                stand_in,
+                SimpleNamespace(
+                    enable_hc_sp=False, tensor_parallel_size=tp, enable_expert_parallel=False,
+                    pipeline_parallel_size=1, decode_context_parallel_size=dcp,
+                ),
+            )
+            ParallelConfig(tensor_parallel_size=tp, decode_context_parallel_size=dcp)
+            vllm_verdict = None
+        except Exception as exc:  # vLLM raises ValueError, or pydantic's ValidationError
+            vllm_verdict = str(exc)
+        try:
+            case = to_case(model, block_size=16, backend="FLASH_ATTN", tensor_parallel_size=tp, decode_context_parallel_size=dcp)
+        except ConfigError as exc:
+            assert vllm_verdict is not None, f"TP {tp} / DCP {dcp}: the zoo refuses ({exc}) but vLLM accepts"
+            assert str(exc).split(".")[0] in vllm_verdict, f"TP {tp} / DCP {dcp}: {exc!s} vs vLLM: {vllm_verdict}"
+            continue
+        assert vllm_verdict is None, f"TP {tp} / DCP {dcp}: vLLM refuses ({vllm_verdict}) but the zoo accepts"
+        target = [l for l in case.layers if not l.is_draft and l.kind != "mamba"]
+        expected = ModelConfig.get_num_kv_heads(stand_in, SimpleNamespace(tensor_parallel_size=tp))
+        assert {l.num_kv_heads for l in target} == {expected}, f"TP {tp}"
