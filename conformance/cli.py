@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from suites.profiles import PROJECT_SEED
+
 EXIT_OK, EXIT_DIVERGENCE, EXIT_INTERRUPTED, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOTHING_RAN = range(6)
 
 
@@ -143,7 +145,13 @@ def _cmd_run_engine(args: argparse.Namespace) -> int:
     return run_against_engine(cases, json_target=args.json, quiet=args.json == "-")
 
 
-PROFILE_SAMPLES = {"named": 0, "ci": 300, "thorough": 3000}
+def _profile_samples() -> dict[str, int]:
+    from suites.profiles import PROFILES
+
+    return {"named": 0, **{name: p["sample"] for name, p in PROFILES.items() if name != "gpu"}}
+
+
+PROFILE_SAMPLES = _profile_samples()
 """Random configs a ``run`` profile adds to the named cases (seeded: --seed)."""
 
 
@@ -313,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
     p.add_argument("--backend", action="append", help="keep only cases with a layer on this backend (repeatable)")
     p.add_argument("--model", action="append", help="add a model-zoo architecture (suites/zoo, repeatable), with FLASH_ATTN and FLASHINFER at block 16")
-    p.add_argument("--profile", choices=tuple(PROFILE_SAMPLES), default="named", help="named: the named cases (default); ci: + 300 seeded random configs; thorough: + 3000")
-    p.add_argument("--seed", type=int, default=20261129, help="seed of the random configs (profiles ci and thorough)")
+    p.add_argument("--profile", choices=tuple(PROFILE_SAMPLES), default="named", help=f"named: the named cases (default); ci: + {PROFILE_SAMPLES['ci']} seeded random configs; thorough: + {PROFILE_SAMPLES['thorough']}")
+    p.add_argument("--seed", type=int, default=PROJECT_SEED, help="seed of the random configs (profiles ci and thorough)")
     p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     p.add_argument(

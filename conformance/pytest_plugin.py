@@ -8,7 +8,7 @@ Options (also in ``pytest --help``, group "kvconform"):
   identical on every worker. An explicit seed also seeds hypothesis (otherwise hypothesis
   is derandomized per test, as before).
 - ``--kvconform-examples N``: how many cases a sampled test draws and hypothesis's
-  ``max_examples`` (default per profile: ci 300 sampled / 60 hypothesis; thorough 3000 /
+  ``max_examples`` (default per profile: ci 1000 sampled / 60 hypothesis; thorough 3000 /
   1000).
 - ``--kvconform-profile ci|thorough|gpu`` (default ``ci``, or ``KVCONFORM_PROFILE``): also
   loads the hypothesis profile ``kvconform-<profile>`` explicitly, so ``CI=true`` (which
@@ -55,16 +55,7 @@ from typing import Any, Callable
 import pytest
 
 from conformance.coverage import Coverage
-
-PROJECT_SEED = 20261129
-"""The default seed: CI and every laptop sample the same cases."""
-
-PROFILES: dict[str, dict[str, int]] = {
-    "ci": {"sample": 300, "hypothesis": 60},
-    "thorough": {"sample": 3000, "hypothesis": 1000},
-    "gpu": {"sample": 300, "hypothesis": 60},
-}
-"""Per ``--kvconform-profile``: cases per sampled test and hypothesis max_examples."""
+from suites.profiles import PROFILES, PROJECT_SEED
 
 HYPOTHESIS_PROFILES = tuple(f"kvconform-{name}" for name in PROFILES)
 

@@ -11,6 +11,8 @@ import random
 from typing import Any, Callable, Sequence
 
 from reference.config import CaseConfig, LayerConfig
+from reference.errors import ConfigError
+from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
 LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 # (backend, head sizes it accepts that keep cases small)
@@ -23,19 +25,62 @@ GQA_BACKENDS: tuple[tuple[str, tuple[int, ...]], ...] = (
 MLA_BACKENDS = ("TRITON_MLA", "FLASHMLA", "FLASHINFER_MLA")
 
 
+FAMILIES = (
+    "dense",
+    "swa_hybrid",
+    "mla_draft",
+    "mamba_hybrid",
+    "gqa_draft",
+    "chunked_local_hybrid",
+    "sink",
+    "encoder_decoder",
+)
+"""Model families, simplest first: the group mixes the issue names, plus Llama-4-style
+chunked local attention, static-sink attention and encoder-decoder cross attention."""
+
+
+def _parallel(pick: Callable[[Sequence[Any]], Any], family: str) -> tuple[int, int, int]:
+    """(TP, DCP, per-rank KV heads) for a model with a drawn head geometry.
+
+    Draws the model's totals (KV heads, query heads per KV head) and a TP/DCP size, then
+    keeps only what vLLM accepts (``reference.parallel.check_parallel``): a refused DCP
+    falls back to 1, a refused TP to 1. Sliding windows never get DCP (vLLM refuses
+    them at admission), and encoder-decoder models keep TP 1 and DCP 1.
+    """
+    total_kv = pick((1, 2, 4, 8))
+    q_per_kv = pick((1, 2, 4, 8))
+    tp = pick((1, 2, 4, 8))
+    dcp = pick((1, 2, 4))
+    mla = family == "mla_draft"
+    if family in ("swa_hybrid", "encoder_decoder"):
+        dcp = 1
+    if family == "encoder_decoder":
+        tp = 1
+    heads = ModelHeads(total_kv_heads=total_kv, total_attention_heads=total_kv * q_per_kv, use_mla=mla)
+    for candidate in ((tp, dcp), (tp, 1), (1, 1)):
+        try:
+            check_parallel(heads, *candidate)
+        except ConfigError:
+            continue
+        tp, dcp = candidate
+        break
+    gqa = ModelHeads(total_kv_heads=total_kv, total_attention_heads=total_kv * q_per_kv)
+    return tp, dcp, per_rank_kv_heads(gqa, tp)
+
+
 def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4) -> CaseConfig:
     """One valid case from two choice functions, so hypothesis and a seeded RNG share it.
 
     ``pick(options)`` returns one of ``options``; ``integer(lo, hi)`` an int in ``[lo, hi]``.
     Options are listed simplest first, so hypothesis shrinks towards readable cases.
     """
-    family = pick(("dense", "swa_hybrid", "mla_draft", "mamba_hybrid", "gqa_draft"))
+    family = pick(FAMILIES)
     # Non-powers of two too: multiples of 16 are valid for MultipleOf(16) backends, and
     # force a smaller kernel block (or a refusal) on fixed-size ones like FlashInfer.
     block_size = pick((16, 32, 64, 128, 256, 48, 96, 272))
     backend, heads = pick(GQA_BACKENDS)
     head_size = pick(heads)
-    kv_heads = pick((1, 2, 4))
+    tp, dcp, kv_heads = _parallel(pick, family)
     cache_dtype = pick(("auto", "fp8") if backend != "FLEX_ATTENTION" else ("auto",))
     n = integer(1, max_layers)
     layers: list[LayerConfig] = [
@@ -66,9 +111,54 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
             for i in range(integer(1, max_layers))
         ]
     elif family == "mamba_hybrid":
+        # mamba2_state_shape at this TP: conv channels and heads split across ranks.
+        conv, state_heads = 64 // tp, 8 // tp
         layers += [
-            LayerConfig(f"model.layers.{n + i}.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 32), (4, 16, 8)))
+            LayerConfig(
+                f"model.layers.{n + i}.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((3, conv), (state_heads, 16, 8))
+            )
             for i in range(integer(1, max_layers))
+        ]
+    elif family == "chunked_local_hybrid":
+        chunk = pick((256, 8192))
+        layers += [
+            LayerConfig(
+                f"model.layers.{n + i}.self_attn.attn",
+                kind="chunked_local",
+                backend=backend,
+                num_kv_heads=kv_heads,
+                head_size=head_size,
+                cache_dtype=cache_dtype,
+                attention_chunk_size=chunk,
+            )
+            for i in range(integer(1, max_layers))
+        ]
+    elif family == "sink":
+        sink_len = pick((16, 128))
+        layers = [
+            LayerConfig(
+                f"model.layers.{i}.self_attn.attn",
+                kind="sink_full",
+                backend=backend,
+                num_kv_heads=kv_heads,
+                head_size=head_size,
+                cache_dtype=cache_dtype,
+                sink_len=sink_len,
+            )
+            for i in range(n)
+        ]
+    elif family == "encoder_decoder":
+        layers = [
+            LayerConfig(
+                f"model.decoder.layers.{i}.{sub}.attn",
+                kind=kind,
+                backend=backend,
+                num_kv_heads=kv_heads,
+                head_size=head_size,
+                cache_dtype=cache_dtype,
+            )
+            for i in range(n)
+            for sub, kind in (("self_attn", "full"), ("encoder_attn", "cross"))
         ]
     layout = pick((None,) + LAYOUTS)
     return CaseConfig(
@@ -78,6 +168,8 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         num_blocks=integer(2, max_blocks),
         layout=layout,
         mamba_block_size=block_size if family == "mamba_hybrid" else None,
+        tensor_parallel_size=tp,
+        decode_context_parallel_size=dcp,
     )
 
 

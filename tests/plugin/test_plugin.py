@@ -55,7 +55,7 @@ def test_defaults_are_the_project_seed_and_the_ci_profile(pytester: pytest.Pytes
     result = pytester.runpytest()
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(
-        [f"kvconform: seed {PROJECT_SEED} (project default), profile ci, examples 300 sampled / 60 hypothesis (kvconform-ci)*"]
+        [f"kvconform: seed {PROJECT_SEED} (project default), profile ci, examples 1000 sampled / 60 hypothesis (kvconform-ci)*"]
     )
     assert _ids(result) == [] or all(i.startswith(f"random-s{PROJECT_SEED}-") for i in _ids(result))
 

@@ -1,0 +1,21 @@
+"""The run profiles: how many seeded random configs and hypothesis examples each runs.
+
+One table for the pytest plugin (``--kvconform-profile``) and ``kvconform run --profile``;
+kept free of pytest and hypothesis so the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+PROJECT_SEED = 20261129
+"""The default seed: CI and every laptop sample the same cases."""
+
+PROFILES: dict[str, dict[str, int]] = {
+    "ci": {"sample": 1000, "hypothesis": 60},
+    "thorough": {"sample": 3000, "hypothesis": 1000},
+    "gpu": {"sample": 300, "hypothesis": 60},
+}
+"""Per profile: seeded random configs per sampled test (and per ``kvconform run``), and
+hypothesis ``max_examples``. ``ci`` must diff >= 1,000 configs in <= 5 minutes on 2 cores
+(benchmarks/bench_suite.py measures it)."""
+
+__all__ = ["PROFILES", "PROJECT_SEED"]
