@@ -3,7 +3,9 @@
 Target (issue: suites): 1,000 randomized configs diffed in at most 5 minutes on 2 cores
 with ``-n 2``. Runs pytest in a subprocess and reports wall time and configs per second.
 
-    python benchmarks/bench_suite.py [--examples 1000] [--workers 2] [--json out.json]
+    python benchmarks/bench_suite.py [--examples N] [--workers 2] [--json out.json]
+
+Without ``--examples`` it runs the ci profile exactly as CI does (suites/profiles.py).
 """
 
 from __future__ import annotations
@@ -22,14 +24,20 @@ TARGET_S = 300.0
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=1000)
+    parser.add_argument("--examples", type=int, default=None, help="default: the ci profile's sample size")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json")
     args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from suites.profiles import PROFILES
+
+    configs = args.examples if args.examples is not None else PROFILES["ci"]["sample"]
     command = [
         sys.executable, "-m", "pytest", "tests/vllm/test_random_sweep.py", "-q", "-p", "no:cacheprovider",
-        "-n", str(args.workers), "--kvconform-examples", str(args.examples),
+        "-n", str(args.workers), "--kvconform-profile", "ci",
     ]
+    if args.examples is not None:
+        command += ["--kvconform-examples", str(args.examples)]
     started = time.perf_counter()
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -37,10 +45,10 @@ def main() -> int:
     figures = {
         "command": " ".join(command[1:]),
         "exit_code": out.returncode,
-        "configs": args.examples,
+        "configs": configs,
         "passed": int(passed.group(1)) if passed else 0,
         "wall_s": round(wall, 1),
-        "configs_per_s": round(args.examples / wall, 1),
+        "configs_per_s": round(configs / wall, 1),
         "target_wall_s": TARGET_S,
     }
     print(json.dumps(figures, indent=2))

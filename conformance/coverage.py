@@ -3,7 +3,8 @@
 The pytest plugin records every case a test ran (a sampled ``kv_case``, a case passed to
 ``assert_conforms`` or ``kv_observed``) once per test; under xdist each worker ships its
 counts to the controller (``config.workeroutput``), which merges them and prints one
-compact table: one row per (backend, kind, dtype), one column per layout.
+compact table: one row per (backend, kind, dtype), one column per layout, and one line of
+runs per tensor/decode-context parallel size.
 
 A cell is counted once per (test, case) that has at least one layer in it, so a 4-layer
 dense case adds 1 to its cell, not 4. ``layout`` is the case's ``VLLM_KV_CACHE_LAYOUT``
@@ -36,11 +37,25 @@ def case_cells(case: Any) -> set[Cell]:
     return cells
 
 
+def parallel_key(case: Any) -> str:
+    """``tp{N}/dcp{M}`` of a case (1/1 for cases without the fields)."""
+    tp = getattr(case, "tensor_parallel_size", 1)
+    dcp = getattr(case, "decode_context_parallel_size", 1)
+    return f"tp{tp}/dcp{dcp}"
+
+
+def _parallel_order(key: str) -> tuple[int, int]:
+    tp, dcp = key.removeprefix("tp").split("/dcp")
+    return int(tp), int(dcp)
+
+
 class Coverage:
     """Counts per cell, plus how many (test, case) runs were recorded."""
 
     def __init__(self) -> None:
         self.cells: Counter[Cell] = Counter()
+        self.parallel: Counter[str] = Counter()
+        """Runs per ``tp{N}/dcp{M}`` (one rank of a parallel deployment)."""
         self.runs = 0
         self._seen: set[tuple[str, str]] = set()
 
@@ -52,6 +67,7 @@ class Coverage:
         self._seen.add(key)
         self.runs += 1
         self.cells.update(case_cells(case))
+        self.parallel[parallel_key(case)] += 1
         return True
 
     # --- xdist transport ---------------------------------------------------------------
@@ -60,6 +76,7 @@ class Coverage:
         return {
             "runs": self.runs,
             "cells": [dict(zip(CELL_FIELDS, cell), count=n) for cell, n in sorted(self.cells.items())],
+            "parallel": dict(sorted(self.parallel.items())),
         }
 
     def merge(self, data: Mapping[str, Any]) -> None:
@@ -67,6 +84,8 @@ class Coverage:
         self.runs += int(data.get("runs", 0))
         for row in data.get("cells", ()):
             self.cells[tuple(str(row[f]) for f in CELL_FIELDS)] += int(row["count"])  # type: ignore[index]
+        for key, n in dict(data.get("parallel", {})).items():
+            self.parallel[str(key)] += int(n)
 
     def __bool__(self) -> bool:
         return self.runs > 0
@@ -95,6 +114,9 @@ class Coverage:
                 + "  "
                 + "  ".join(str(counts.get(l, ".")).rjust(col) for l in layouts)
             )
+        if self.parallel:
+            by_size = sorted(self.parallel.items(), key=lambda kv: _parallel_order(kv[0]))
+            out.append("parallel (runs per TP/DCP): " + ", ".join(f"{k} {n}" for k, n in by_size))
         return out
 
     def to_json(self, **extra: Any) -> str:
@@ -109,4 +131,4 @@ def from_data(items: Iterable[Mapping[str, Any]]) -> Coverage:
     return cov
 
 
-__all__ = ["AUTO_LAYOUT", "CELL_FIELDS", "Cell", "Coverage", "case_cells", "from_data"]
+__all__ = ["AUTO_LAYOUT", "CELL_FIELDS", "Cell", "Coverage", "case_cells", "from_data", "parallel_key"]

@@ -149,7 +149,9 @@ def test_coverage_table_counts_cells(pytester: pytest.Pytester) -> None:
     assert rows[1].split() == ["backend", "kind", "dtype", "auto", "LBHNC"]
     assert rows[2].split() == ["FLASH_ATTN", "full", "bfloat16", "3", "."]
     assert rows[3].split() == ["TRITON_ATTN", "full", "fp8", ".", "1"]
+    result.stdout.fnmatch_lines(["parallel (runs per TP/DCP): tp1/dcp1 4"])
     data = json.loads(out.read_text())
+    assert data["parallel"] == {"tp1/dcp1": 4}
     assert data["runs"] == 4 and data["seed"] == PROJECT_SEED and data["profile"] == "ci"
     assert data["cells"] == [
         {"backend": "FLASH_ATTN", "layout": "auto", "kind": "full", "dtype": "bfloat16", "count": 3},
@@ -292,3 +294,15 @@ def test_gpu_profile_keeps_only_gpu_tests(pytester: pytest.Pytester) -> None:
     assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == 1
     if outcomes.get("skipped"):
         result.stdout.fnmatch_lines(["*needs a CUDA GPU*"])
+
+
+def test_coverage_counts_parallel_sizes() -> None:
+    from conformance.coverage import Coverage, from_data
+    from suites.named_cases import CASES
+
+    cov = Coverage()
+    for name in ("gqa-tp8-dcp4-flashinfer-b128", "mla-gqa-draft-dcp2", "dense-fa-b128-lbhnc"):
+        cov.record(CASES[name], "t")
+    assert cov.parallel == {"tp8/dcp4": 1, "tp4/dcp2": 1, "tp1/dcp1": 1}
+    assert cov.table()[-1] == "parallel (runs per TP/DCP): tp1/dcp1 1, tp4/dcp2 1, tp8/dcp4 1"
+    assert from_data([cov.to_data(), cov.to_data()]).parallel == {"tp8/dcp4": 2, "tp4/dcp2": 2, "tp1/dcp1": 2}
