@@ -10,12 +10,12 @@ PROJECT_SEED = 20261129
 """The default seed: CI and every laptop sample the same cases."""
 
 PROFILES: dict[str, dict[str, int]] = {
-    "ci": {"sample": 1000, "hypothesis": 60},
-    "thorough": {"sample": 3000, "hypothesis": 1000},
-    "gpu": {"sample": 300, "hypothesis": 60},
+    "ci": {"sample": 1000, "hypothesis": 60, "schedules": 30},
+    "thorough": {"sample": 3000, "hypothesis": 1000, "schedules": 300},
+    "gpu": {"sample": 300, "hypothesis": 60, "schedules": 30},
 }
-"""Per profile: seeded random configs per sampled test (and per ``kvconform run``), and
-hypothesis ``max_examples``. ``ci`` must diff >= 1,000 configs in <= 5 minutes on 2 cores
+"""Per profile: seeded random configs per sampled test (and per ``kvconform run``),
+hypothesis ``max_examples``, and seeded block-table schedules (``suites.block_table_scenarios``). ``ci`` must diff >= 1,000 configs in <= 5 minutes on 2 cores
 (benchmarks/bench_suite.py measures it)."""
 
 __all__ = ["PROFILES", "PROJECT_SEED"]
