@@ -10,6 +10,8 @@
     backend = "FLASHINFER"                        # optional: a backend one of the case's layers runs
     layout = "LBNHC"                              # optional: the case's requested or resolved layout
     runner = "mrv1/mrv2"                          # optional: mrv1, mrv2 or mrv1/mrv2 (runner pairs)
+    options = ["attention_backend"]               # optional: engine options the case sets
+    without = ["speculative_attention_backend"]   # optional: engine options the case leaves unset
     vllm = ">=0.33,<0.34"                         # optional version range of the installed vLLM
     reason = "why, citing the vLLM source (vllm/...py: function)"
 
@@ -49,7 +51,20 @@ _LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 _LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 _TOP_KEYS = ("schema", "expectation")
 _REQUIRED = ("id", "kind", "reason")
-_OPTIONAL = ("case", "field", "backend", "layout", "runner", "vllm")
+_OPTIONAL = ("case", "field", "backend", "layout", "runner", "options", "without", "vllm")
+OPTION_NAMES = (
+    "attention_backend",
+    "speculative_attention_backend",
+    "connector",
+    "layout",
+    "kv_cache_memory_bytes",
+    "tensor_parallel_size",
+    "decode_context_parallel_size",
+    "draft",
+)
+"""What ``options`` / ``without`` can name: a ``CaseConfig`` field set away from its
+default (``--attention-backend`` given, a TP/DCP size above 1, ...), or ``draft`` (the
+case has a speculative draft layer)."""
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
@@ -169,6 +184,8 @@ class Expectation:
     backend: str | None = None
     layout: str | None = None
     runner: str | None = None
+    options: tuple[str, ...] = ()
+    without: tuple[str, ...] = ()
     vllm: VersionRange | None = None
 
     def applies_to(self, vllm_version: str | None) -> bool:
@@ -194,13 +211,23 @@ class Expectation:
             return False
         if self.layout is not None and (facts is None or self.layout not in facts.layouts):
             return False
-        return True
+        return self.scoped_to(facts)
+
+    def scoped_to(self, facts: CaseFacts | None) -> bool:
+        """Whether a case with these facts sets every ``options`` and none of ``without``."""
+        if not self.options and not self.without:
+            return True
+        if facts is None:
+            return False
+        return set(self.options) <= facts.options and not set(self.without) & facts.options
 
     def describe(self) -> str:
         """One line: the id and what it is scoped to."""
         scope = [f"kind={self.kind}", f"case={self.case}"]
-        for name in ("field", "backend", "layout", "runner", "vllm"):
+        for name in ("field", "backend", "layout", "runner", "options", "without", "vllm"):
             value = getattr(self, name)
+            if isinstance(value, tuple):
+                value = ",".join(value) or None
             if value is not None and value != "*":
                 scope.append(f"{name}={value}")
         return f"{self.id} ({', '.join(scope)})"
@@ -254,6 +281,15 @@ def _entry(where: str, raw: Any, backends: Sequence[str]) -> Expectation:
         if kind == "mrv1_mrv2_mismatch" and runner != RUNNER_PAIR:
             raise _fail(where, f"runner {runner!r}: kind mrv1_mrv2_mismatch is always reported for runner {RUNNER_PAIR!r}")
         values["runner"] = runner
+    for key in ("options", "without"):
+        if key in raw:
+            names = raw[key]
+            if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+                raise _fail(where, f"{key} {names!r} must be a non-empty array of option names")
+            bad = [n for n in names if n not in OPTION_NAMES]
+            if bad:
+                raise _fail(where, f"{key}: option {bad[0]!r} is not one of {', '.join(OPTION_NAMES)}")
+            values[key] = tuple(names)
     if "vllm" in raw:
         try:
             values["vllm"] = VersionRange.parse(raw["vllm"])
@@ -329,6 +365,23 @@ class CaseFacts:
     """Every backend a layer of the case runs under (either runner)."""
     layouts: frozenset[str] = frozenset()
     """The requested layout (legacy names resolved) and the layouts vLLM resolved."""
+    options: frozenset[str] = frozenset()
+    """The ``OPTION_NAMES`` the case sets."""
+
+
+_OPTION_DEFAULTS = {"tensor_parallel_size": 1, "decode_context_parallel_size": 1}
+
+
+def case_options(case: Any) -> frozenset[str]:
+    """Which ``OPTION_NAMES`` a case sets (fields away from their default; ``draft``)."""
+    found = {
+        name
+        for name in OPTION_NAMES
+        if name != "draft" and getattr(case, name, None) not in (None, _OPTION_DEFAULTS.get(name))
+    }
+    if any(getattr(layer, "is_draft", False) for layer in getattr(case, "layers", ())):
+        found.add("draft")
+    return frozenset(found)
 
 
 def case_facts(case: Any, observations: Iterable[Any] = ()) -> CaseFacts:
@@ -346,7 +399,7 @@ def case_facts(case: Any, observations: Iterable[Any] = ()) -> CaseFacts:
         backends.update((getattr(obs, "layer_backends", None) or {}).values())
         if getattr(obs, "layout", None):
             layouts.add(obs.layout)
-    return CaseFacts(frozenset(backends), frozenset(layouts))
+    return CaseFacts(frozenset(backends), frozenset(layouts), case_options(case))
 
 
 @dataclass(frozen=True)
@@ -420,7 +473,10 @@ def classify(
             used.add(entry.id)
     ran = list(environment.cases)
     unused = tuple(
-        e for e in active if e.id not in used and (not ran or any(fnmatchcase(name, e.case) for name in ran))
+        e
+        for e in active
+        if e.id not in used
+        and (not ran or any(fnmatchcase(name, e.case) and e.scoped_to(environment.cases[name]) for name in ran))
     )
     return Classification(tuple(expected), tuple(unexpected), unused)
 
@@ -434,7 +490,9 @@ __all__ = [
     "ExpectationsError",
     "Match",
     "VersionRange",
+    "OPTION_NAMES",
     "case_facts",
+    "case_options",
     "classify",
     "load",
     "loads",

@@ -161,12 +161,29 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
             for sub, kind in (("self_attn", "full"), ("encoder_attn", "cross"))
         ]
     layout = pick((None,) + LAYOUTS)
+    num_blocks = integer(2, max_blocks)
+    # Engine options, drawn last so earlier draws (and shrinking) are unaffected:
+    capability = pick(((9, 0), (10, 0)))  # SM90, or SM100 (TRT-LLM sizes, FA4 pages)
+    model_dtype = pick(("bfloat16", "float16"))
+    # Sized by memory instead of num_gpu_blocks_override (tight budgets are refused alike).
+    memory = pick((None, 8 << 20, 64 << 20))
+    # --attention-backend given explicitly: MRv2 drafts inherit it, MRv1 drafts do not (D1).
+    # Only where the target's backend accepts the draft's head size (else vLLM refuses MRv2).
+    draft_fits = family == "gqa_draft" and layers[-1].head_size in heads
+    attention_backend = backend if draft_fits and pick((False, True)) else None
+    # A KV connector's layout preference (not under DCP: vLLM validates that elsewhere).
+    connector = pick((None, "nixl", "mooncake", "offloading")) if dcp == 1 else None
     return CaseConfig(
         name=f"{name}-{family}",
         layers=tuple(layers),
         block_size=block_size,
-        num_blocks=integer(2, max_blocks),
+        model_dtype=model_dtype,
+        num_blocks=num_blocks if memory is None else None,
+        kv_cache_memory_bytes=memory,
         layout=layout,
+        connector=connector,
+        capability=capability,
+        attention_backend=attention_backend,
         mamba_block_size=block_size if family == "mamba_hybrid" else None,
         tensor_parallel_size=tp,
         decode_context_parallel_size=dcp,

@@ -172,7 +172,7 @@ def test_malformed_version_ranges(spec: str, message: str) -> None:
         ("expectations = []\n", "<expectations>: top-level key 'expectations' is not one of schema, expectation"),
         ("expectation = 3\n", "<expectations>: expectation 3 must be an array of tables ([[expectation]])"),
         ("expectation = [1]\n", "<expectations>: expectation 1: 1 is not a table; write each entry as [[expectation]]"),
-        (_entry(kinds='"layout"'), "expectation 1: key 'kinds' is not one of id, kind, reason, case, field, backend, layout, runner, vllm"),
+        (_entry(kinds='"layout"'), "expectation 1: key 'kinds' is not one of id, kind, reason, case, field, backend, layout, runner, options, without, vllm"),
         (_entry(reason=None), "expectation 1: required key 'reason' is missing (required: id, kind, reason)"),
         (_entry(id='"two words"'), "expectation 1: id 'two words' must be letters, digits, '.', '_' or '-'"),
         (_entry(id="7"), "expectation 1: id 7 must be a non-empty string"),
@@ -351,3 +351,38 @@ def test_runner_check_without_reference() -> None:
     assert [(d.kind, d.field) for d in found] == [("mrv1_mrv2_mismatch", "error"), ("mrv1_mrv2_mismatch", "kernel_block_sizes")]
     assert all("\n" not in d.message and d.runner == "mrv1/mrv2" for d in found)
     assert compare_runners("x", a, SimpleNamespace(unsupported="no CPU backend")) == ()
+
+
+def test_options_scope_an_entry_to_cases_setting_engine_options() -> None:
+    from conformance.expectations import case_facts
+    from suites.named_cases import CASES
+
+    (entry,) = loads(
+        '[[expectation]]\nid = "d1"\nkind = "mrv1_mrv2_mismatch"\nreason = "vllm/x.py"\n'
+        'options = ["attention_backend", "draft"]\nwithout = ["speculative_attention_backend"]\n'
+    )
+    assert entry.options == ("attention_backend", "draft") and "options=attention_backend,draft" in entry.describe()
+    d1 = CASES["gqa+draft-attention-backend-b128"]
+    facts = case_facts(d1)
+    assert facts.options == {"attention_backend", "draft"}
+    mismatch = Divergence("mrv1_mrv2_mismatch", d1.name, "mrv1/mrv2", "kernel_block_sizes", [64], [128])
+    assert classify([mismatch], Environment("0.33.0", {d1.name: facts}), [entry]).unexpected == ()
+    # The same mismatch where the speculative backend is also set, or without a draft: unexpected.
+    for case in (d1.with_(speculative_attention_backend="FLASH_ATTN"), d1.with_(layers=d1.layers[:2])):
+        verdict = classify([mismatch], Environment("0.33.0", {d1.name: case_facts(case)}), [entry])
+        # ... and the entry is not "unused" there: no case that ran is in its scope.
+        assert verdict.unexpected == (mismatch,) and verdict.unused == ()
+    # In scope and matching nothing: unused.
+    assert classify([], Environment("0.33.0", {d1.name: facts}), [entry]).unused == (entry,)
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ('options = "draft"', "options 'draft' must be a non-empty array of option names"),
+        ('without = ["tp"]', "without: option 'tp' is not one of attention_backend"),
+    ],
+)
+def test_malformed_options_give_one_line(line: str, message: str) -> None:
+    with pytest.raises(ExpectationsError, match=re.escape(message)):
+        loads(f'[[expectation]]\nid = "e"\nkind = "layout"\nreason = "vllm/x.py"\n{line}\n')

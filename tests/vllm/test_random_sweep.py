@@ -13,6 +13,10 @@ import math
 
 import pytest
 
+from conformance.diff import compare_runners
+from conformance.expectations import Environment, case_facts, classify
+from conformance.vllm_run import replay_command
+
 from conformance.pytest_plugin import run_settings, sampled_cases
 from reference.derive import derive
 from reference.errors import NotModeledError, StartupError
@@ -45,9 +49,30 @@ def test_sweep_compares_at_least_200_configs(pytestconfig) -> None:
     )
 
 
-def test_random_config_conforms(kv_case, assert_conforms) -> None:
-    runners = ("mrv1", "mrv2") if any(layer.is_draft for layer in kv_case.layers) else ("mrv1",)
-    for runner in runners:
+def test_random_config_conforms(kv_case, kv_observed, assert_conforms, pytestconfig) -> None:
+    if not any(layer.is_draft for layer in kv_case.layers):
         # Observes through the installed vLLM; skips with the reason where vLLM cannot run
         # the case or the reference does not model it; fails with seed, config and replay.
-        assert_conforms(kv_case, runner)
+        assert_conforms(kv_case, "mrv1")
+        return
+    # A draft makes the runners differ in what they build (D1): diff each runner against
+    # the reference, then the runners against each other, known divergences allowed.
+    observations = {runner: kv_observed(kv_case, runner) for runner in ("mrv1", "mrv2")}
+    for runner, observation in observations.items():
+        assert_conforms(kv_case, observation, runner=runner)
+    mismatches = compare_runners(kv_case, observations["mrv1"], observations["mrv2"])
+    if mismatches:
+        import vllm
+
+        env = Environment(vllm.__version__, {kv_case.name: case_facts(kv_case, observations.values())})
+        unexpected = classify(mismatches, env).unexpected
+        s = run_settings(pytestconfig)
+        assert not unexpected, "\n".join(
+            [
+                f"{kv_case.name}: MRv1 and MRv2 differ beyond conformance/expectations.toml",
+                *(f"  {d.message}" for d in unexpected),
+                f"seed: {s.seed} (profile {s.profile}; rerun with --kvconform-seed {s.seed})",
+                f"config: {kv_case.to_json()}",
+                f"replay: {replay_command(kv_case)}",
+            ]
+        )
