@@ -145,6 +145,18 @@ def _cmd_run_engine(args: argparse.Namespace) -> int:
     return run_against_engine(cases, json_target=args.json, quiet=args.json == "-")
 
 
+def _workers(text: str) -> int:
+    if text == "auto":
+        return os.cpu_count() or 1
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of workers or 'auto'")
+    return value
+
+
 def _profile_samples() -> dict[str, int]:
     from suites.profiles import PROFILES
 
@@ -208,7 +220,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         selection = f"profile {args.profile}" + (f", seed {args.seed}" if PROFILE_SAMPLES[args.profile] else "")
         selection += "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("model", args.model), ("case", args.case)) if v)
         return run_against_vllm(
-            cases, json_target=args.json, quiet=args.json == "-", expectations=expectations, expectations_source=source, selection=selection
+            cases,
+            json_target=args.json,
+            quiet=args.json == "-",
+            expectations=expectations,
+            expectations_source=source,
+            selection=selection,
+            workers=args.workers,
         )
     results = []
     quiet = args.json == "-"
@@ -319,9 +337,16 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return convert(args.report, junit=args.junit, markdown=args.markdown, html=args.html)
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (``--help`` still shows the usage)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvconform", description="KV-cache layout conformance for vLLM.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _OneLineParser(prog="kvconform", description="KV-cache layout conformance for vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
 
     p = sub.add_parser("list", help="list the named cases")
     p.set_defaults(func=_cmd_list)
@@ -339,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", action="append", help="add a model-zoo architecture (suites/zoo, repeatable), with FLASH_ATTN and FLASHINFER at block 16")
     p.add_argument("--profile", choices=tuple(PROFILE_SAMPLES), default="named", help=f"named: the named cases (default); ci: + {PROFILE_SAMPLES['ci']} seeded random configs; thorough: + {PROFILE_SAMPLES['thorough']}")
     p.add_argument("--seed", type=int, default=PROJECT_SEED, help="seed of the random configs (profiles ci and thorough)")
+    p.add_argument("--workers", type=_workers, default=1, help="observe cases in N processes ('auto': one per CPU); each imports vLLM once (~8 s)")
     p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     p.add_argument(

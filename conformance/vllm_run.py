@@ -71,8 +71,12 @@ def run_against_vllm(
     expectations: Sequence[Expectation] = (),
     expectations_source: str | None = None,
     selection: str = "the named cases",
+    workers: int = 1,
 ) -> int:
     """Observe, compare, classify and print; returns the CLI exit code.
+
+    ``workers`` > 1 observes cases in that many worker processes (each imports vLLM once,
+    ~8 s); comparison, classification and the report stay here, in case order.
 
     0: conformant (every divergence, if any, is expected by ``expectations``); 1: an
     unexpected divergence; 5: nothing ran. Expectations that matched nothing are
@@ -81,7 +85,6 @@ def run_against_vllm(
     from gpu_impl.vllm_cpu import shims
 
     shims.prepare_env()  # before anything imports torch or vllm
-    from gpu_impl.vllm_cpu.planning import observe
 
     started = time.time()
     env = _environment()
@@ -113,9 +116,7 @@ def run_against_vllm(
 
     bar = _ProgressBar(len(cases), enabled=not quiet)
     say = bar.print
-    for case in cases:
-        bar.advance(case.name)
-        observations = {runner: observe(case, runner) for runner in RUNNERS}
+    for case, observations in _observations(cases, workers, bar):
         comparisons = [compare(case, runner, observations[runner]) for runner in RUNNERS]
         diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
         facts[case.name] = case_facts(case, observations.values())
@@ -178,6 +179,42 @@ def run_against_vllm(
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
         return 5
     return 1 if verdict.unexpected else 0
+
+
+def _observe_both(case: CaseConfig) -> dict[str, Any]:
+    from gpu_impl.vllm_cpu.planning import observe
+
+    return {runner: observe(case, runner) for runner in RUNNERS}
+
+
+def _worker_start() -> None:
+    from gpu_impl.vllm_cpu import shims
+
+    shims.prepare_env()
+    import gpu_impl.vllm_cpu.planning  # noqa: F401 - pay vLLM's import once per worker
+
+
+def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar"):
+    """``(case, {runner: Observation})`` in case order, observed here or in a process pool."""
+    if workers <= 1 or len(cases) <= 1:
+        for case in cases:
+            bar.advance(case.name)
+            yield case, _observe_both(case)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn: fresh interpreters (a forked torch/vLLM is not safe to use).
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
+    try:
+        chunk = max(1, min(16, len(cases) // (workers * 4)))
+        for case, observations in zip(cases, pool.map(_observe_both, cases, chunksize=chunk)):
+            bar.advance(case.name)
+            yield case, observations
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 class _ProgressBar:
@@ -249,6 +286,10 @@ def _print_matrix(matrix: dict[str, dict[str, dict[str, int]]]) -> None:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
+EXPECTED_CASES_SHOWN = 5
+"""Expected divergences are printed for this many cases per expectation, then counted."""
+
+
 def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[str, CaseConfig]) -> None:
     print()
     print("  " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
@@ -260,12 +301,19 @@ def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[
             failing.append(d.case)
     for name in failing:
         print(f"    config: {cases[name].to_json()}\n    replay: {replay_command(cases[name])}")
-    grouped: dict[tuple[str, str], list[Divergence]] = {}
+    by_entry: dict[str, dict[str, list[Divergence]]] = {}
     for m in verdict.expected:
-        grouped.setdefault((m.expectation.id, m.divergence.case), []).append(m.divergence)
-    for (entry, case), found in grouped.items():
-        # One line per (expectation, case): the full list is in the JSON report.
-        more = f" (+{len(found) - 1} more in the JSON report)" if len(found) > 1 else ""
-        print(f"  expected [{entry}] {found[0].message}{more}")
+        by_entry.setdefault(m.expectation.id, {}).setdefault(m.divergence.case, []).append(m.divergence)
+    for entry, per_case in by_entry.items():
+        # One line per (expectation, case), up to a few cases; then one line for the rest.
+        # The full list is in the JSON report.
+        shown = list(per_case.items())[:EXPECTED_CASES_SHOWN]
+        for case, found in shown:
+            more = f" (+{len(found) - 1} more in the JSON report)" if len(found) > 1 else ""
+            print(f"  expected [{entry}] {found[0].message}{more}")
+        rest = len(per_case) - len(shown)
+        if rest:
+            total = sum(len(found) for _, found in list(per_case.items())[len(shown):])
+            print(f"  expected [{entry}] ... and {rest} more case(s), {total} divergence(s), in the JSON report")
     for e in verdict.unused:
         print(f"  UNUSED expectation {e.describe()}: matched nothing in this run; delete or narrow it")

@@ -273,3 +273,18 @@ def test_replay_of_an_engine_report_goes_to_the_engine(tmp_path: Path) -> None:
     assert len(out.stderr.strip().splitlines()) == 1
     out = kvconform("replay", str(path), "--expectations", "x.toml", env=env)
     assert out.returncode == 4 and "does not apply to an engine report" in out.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["run", "--profile", "nope"], "argument --profile: invalid choice: 'nope'"),
+        (["run", "--workers", "0"], "argument --workers: '0' is not a positive number of workers or 'auto'"),
+        (["nonsense"], "argument command: invalid choice: 'nonsense'"),
+        ([], "the following arguments are required: command"),
+    ],
+)
+def test_argument_errors_are_one_line(args: list[str], message: str) -> None:
+    out = kvconform(*args)
+    assert out.returncode == 4
+    assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -111,3 +111,22 @@ def test_replay_reruns_the_divergent_case(tmp_path: Path) -> None:
     replayed = json.loads(out.stdout[out.stdout.index("{"):])
     assert [r["case"] for r in replayed["results"]] == ["flashinfer-b128-k64"]
     assert replayed["counts"] == {"pass": 2}
+
+
+def test_workers_give_the_same_report_in_the_same_order() -> None:
+    names = ["flashinfer-b128-k64", "gqa+draft-attention-backend-b128", "mamba-hybrid-dcp2", "swa-hybrid-padded"]
+    reports = []
+    for workers in ("1", "2"):
+        args = [a for n in names for a in ("--case", n)]
+        out = subprocess.run(
+            [sys.executable, "-m", "conformance.cli", "run", *args, "--workers", workers, "--json", "-"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        reports.append(json.loads(out.stdout))
+    one, two = ([(r["case"], r["runners"], r["mrv1_mrv2_mismatches"]) for r in rep["results"]] for rep in reports)
+    assert [case for case, _, _ in one] == names
+    assert one == two
