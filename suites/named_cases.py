@@ -24,6 +24,15 @@ def _mla_with_gqa_draft(draft_backend: str = "FLASH_ATTN") -> tuple[LayerConfig,
     )
 
 
+def _attention_and_mamba(*, num_kv_heads: int, mamba_layers: int, mamba_shapes: tuple[tuple[int, ...], ...]) -> tuple[LayerConfig, ...]:
+    """Two attention layers (head size 64) then ``mamba_layers`` Mamba-2 mixers."""
+    mixers = tuple(
+        LayerConfig(f"model.layers.{i}.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=mamba_shapes)
+        for i in range(2, 2 + mamba_layers)
+    )
+    return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + mixers
+
+
 def _tiny(n: int, *, num_kv_heads: int = 2, **layer: object) -> tuple[LayerConfig, ...]:
     return uniform_layers(n, num_kv_heads=num_kv_heads, head_size=8, backend="FLASH_ATTN", **layer)  # type: ignore[arg-type]
 
@@ -160,11 +169,7 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "mamba-hybrid",
-            uniform_layers(2, num_kv_heads=2, head_size=64)
-            + (
-                LayerConfig("model.layers.2.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 64), (4, 32, 16))),
-                LayerConfig("model.layers.3.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 64), (4, 32, 16))),
-            ),
+            _attention_and_mamba(num_kv_heads=2, mamba_layers=2, mamba_shapes=((2, 64), (4, 32, 16))),
             block_size=16,
             num_blocks=16,
             note="Attention page 8192, Mamba state 4352 bytes padded to 8192.",
@@ -189,10 +194,8 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "mamba-hybrid-dcp2",
-            uniform_layers(2, num_kv_heads=1, head_size=64)
-            + (
-                LayerConfig("model.layers.2.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 32), (2, 32, 16))),
-            ),
+            # The Mamba-2 state of the case above at TP 2 (channels and heads halved).
+            _attention_and_mamba(num_kv_heads=1, mamba_layers=1, mamba_shapes=((2, 32), (2, 32, 16))),
             block_size=16,
             num_blocks=16,
             tensor_parallel_size=2,

@@ -83,14 +83,21 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     tp, dcp, kv_heads = _parallel(pick, family)
     cache_dtype = pick(("auto", "fp8") if backend != "FLEX_ATTENTION" else ("auto",))
     n = integer(1, max_layers)
-    layers: list[LayerConfig] = [
-        LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=kv_heads, head_size=head_size, cache_dtype=cache_dtype)
-        for i in range(n)
-    ]
+
+    def attention(name: str, kind: str = "full", **extra: Any) -> LayerConfig:
+        """A target attention layer with the drawn backend and geometry (``extra`` overrides)."""
+        geometry: dict[str, Any] = dict(backend=backend, num_kv_heads=kv_heads, head_size=head_size, cache_dtype=cache_dtype)
+        geometry.update(extra)
+        return LayerConfig(name, kind=kind, **geometry)
+
+    def extra_layers() -> range:
+        return range(n, n + integer(1, max_layers))
+
+    layers = [attention(f"model.layers.{i}.self_attn.attn") for i in range(n)]
     if family == "mla_draft":
         mla_backend = pick(MLA_BACKENDS)
         layers = [LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576) for i in range(n)]
-        layers.append(LayerConfig("draft.layers.0.attn", backend=backend, num_kv_heads=kv_heads, head_size=head_size, is_draft=True))
+        layers.append(attention("draft.layers.0.attn", cache_dtype="auto", is_draft=True))
     elif family == "gqa_draft":
         draft_backend, draft_heads = pick(GQA_BACKENDS)
         layers.append(
@@ -100,63 +107,25 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         sw_heads = pick((1, 2, 4))
         window = pick((64, 512))
         layers += [
-            LayerConfig(
-                f"model.layers.{n + i}.self_attn.attn",
-                kind="sliding_window",
-                backend=backend,
-                num_kv_heads=sw_heads,
-                head_size=head_size,
-                sliding_window=window,
-            )
-            for i in range(integer(1, max_layers))
+            attention(f"model.layers.{i}.self_attn.attn", "sliding_window", num_kv_heads=sw_heads, cache_dtype="auto", sliding_window=window)
+            for i in extra_layers()
         ]
     elif family == "mamba_hybrid":
         # mamba2_state_shape at this TP: conv channels and heads split across ranks.
         conv, state_heads = 64 // tp, 8 // tp
         layers += [
-            LayerConfig(
-                f"model.layers.{n + i}.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((3, conv), (state_heads, 16, 8))
-            )
-            for i in range(integer(1, max_layers))
+            LayerConfig(f"model.layers.{i}.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((3, conv), (state_heads, 16, 8)))
+            for i in extra_layers()
         ]
     elif family == "chunked_local_hybrid":
         chunk = pick((256, 8192))
-        layers += [
-            LayerConfig(
-                f"model.layers.{n + i}.self_attn.attn",
-                kind="chunked_local",
-                backend=backend,
-                num_kv_heads=kv_heads,
-                head_size=head_size,
-                cache_dtype=cache_dtype,
-                attention_chunk_size=chunk,
-            )
-            for i in range(integer(1, max_layers))
-        ]
+        layers += [attention(f"model.layers.{i}.self_attn.attn", "chunked_local", attention_chunk_size=chunk) for i in extra_layers()]
     elif family == "sink":
         sink_len = pick((16, 128))
-        layers = [
-            LayerConfig(
-                f"model.layers.{i}.self_attn.attn",
-                kind="sink_full",
-                backend=backend,
-                num_kv_heads=kv_heads,
-                head_size=head_size,
-                cache_dtype=cache_dtype,
-                sink_len=sink_len,
-            )
-            for i in range(n)
-        ]
+        layers = [attention(f"model.layers.{i}.self_attn.attn", "sink_full", sink_len=sink_len) for i in range(n)]
     elif family == "encoder_decoder":
         layers = [
-            LayerConfig(
-                f"model.decoder.layers.{i}.{sub}.attn",
-                kind=kind,
-                backend=backend,
-                num_kv_heads=kv_heads,
-                head_size=head_size,
-                cache_dtype=cache_dtype,
-            )
+            attention(f"model.decoder.layers.{i}.{sub}.attn", kind)
             for i in range(n)
             for sub, kind in (("self_attn", "full"), ("encoder_attn", "cross"))
         ]
