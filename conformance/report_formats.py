@@ -493,16 +493,50 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
+def read_report_text(path: str | Path) -> str:
+    """A report file's JSON text; ``*.gz`` files (large published reports) are gunzipped.
+
+    Raises OSError / UnicodeDecodeError like ``Path.read_text``.
+    """
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        with gzip.open(path, "rt", encoding="utf-8") as fh:
+            return fh.read()
+    return path.read_text(encoding="utf-8")
+
+
+def write_report_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path``, gzipped for ``*.gz`` (reproducible: no name or mtime)."""
+    path = Path(path)
+    if path.suffix == ".gz":
+        import gzip
+
+        path.write_bytes(gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
+    else:
+        path.write_text(text, encoding="utf-8")
+
+
+def write_report_atomically(path: str | Path, payload: Mapping[str, Any]) -> None:
+    """Replace the report in one step, so an interrupted run leaves a valid (JSON or gz) file."""
+    path = Path(path)
+    # The temporary name keeps the .gz suffix last: *.json.gz.tmp would not be gzipped.
+    tmp = path.with_name(".tmp-" + path.name) if path.suffix == ".gz" else path.with_name(path.name + ".tmp")
+    write_report_text(tmp, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.replace(path)
+
+
 def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
     """(report, None) for a valid report, else (None, one line naming the problem)."""
     path = Path(report_path)
     if not path.is_file():
         return None, f"report {str(report_path)!r} does not exist"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_report_text(path))
     except json.JSONDecodeError as exc:
         return None, f"{report_path}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, EOFError) as exc:
         return None, f"{report_path}: cannot read: {exc}"
     if isinstance(data, dict) and data.get("schema") != SCHEMA_ID:
         return None, f"{report_path}: schema {data.get('schema')!r} is not a kvconform run report ({SCHEMA_ID!r})"

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from conformance.diff import Comparison, Divergence, compare, compare_runners
 from conformance.expectations import Classification, Environment, Expectation, case_facts, classify
-from conformance.report_formats import pair_status
+from conformance.report_formats import pair_status, write_report_atomically
 from reference.backends import VLLM_VERSION
 from reference.config import CaseConfig
 
@@ -159,7 +159,7 @@ def run_against_vllm(
         cell[same] = cell.get(same, 0) + 1
         results.append(result)
         if json_target and json_target != "-":
-            _write_atomically(Path(json_target), report(complete=False))
+            write_report_atomically(Path(json_target), report(complete=False))
         if not quiet:
             statuses = " ".join(f"{runner}:{r['status']}" for runner, r in runners.items())
             known = ", expected" if diffs and same == "expected" else ""
@@ -170,7 +170,7 @@ def run_against_vllm(
     if json_target == "-":
         print(json.dumps(final, indent=2, sort_keys=True, default=str))
     elif json_target:
-        _write_atomically(Path(json_target), final)
+        write_report_atomically(Path(json_target), final)
     if not quiet:
         _print_matrix(matrix)
         _print_verdict(verdict, counts, {case.name: case for case in cases})
@@ -262,13 +262,6 @@ class _ProgressBar:
 
 def _primary_backend(case: CaseConfig) -> str:
     return next((layer.backend for layer in case.layers if not layer.is_draft), case.layers[0].backend)
-
-
-def _write_atomically(path: Path, payload: dict[str, Any]) -> None:
-    """Replace the report in one step, so an interrupted run leaves a valid JSON file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
 
 
 def _print_matrix(matrix: dict[str, dict[str, dict[str, int]]]) -> None:

@@ -354,3 +354,38 @@ def test_convert_bad_reports_are_one_line_exit_4(tmp_path: Path, capsys: pytest.
 def test_convert_unwritable_output_is_exit_4(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert rf.convert(COMMITTED, html=str(tmp_path / "no" / "such" / "dir" / "r.html")) == 4
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_gzipped_reports_are_written_read_and_converted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    report = committed()
+    target = tmp_path / "big.json.gz"
+    rf.write_report_atomically(target, report)
+    assert not list(tmp_path.glob(".tmp-*"))
+    assert json.loads(gzip.decompress(target.read_bytes())) == json.loads(json.dumps(report, default=str))
+    # Byte-identical on a rewrite: no file name or mtime in the gzip header.
+    first = target.read_bytes()
+    rf.write_report_atomically(target, report)
+    assert target.read_bytes() == first
+    loaded, problem = rf.load_report(target)
+    assert problem is None and loaded["results"] == report["results"]
+    assert rf.convert(target, markdown="-") == 0
+    assert "## Backend x check" in capsys.readouterr().out
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(b"not gzip")
+    assert rf.load_report(broken)[1].startswith(f"{broken}: cannot read:")
+
+
+def test_published_ci_profile_report_is_todays_sample() -> None:
+    """reports/vllm-0.33.0-cpu-ci-profile.json.gz holds exactly the cases the ci profile runs
+    today (named cases, then the seeded sample): regenerate it when either changes."""
+    from suites.named_cases import CASES
+    from suites.profiles import PROFILES, PROJECT_SEED
+    from suites.strategies import sample_cases
+
+    report, problem = rf.load_report(ROOT / "reports" / "vllm-0.33.0-cpu-ci-profile.json.gz")
+    assert problem is None, problem
+    expected = [c.to_dict() for c in CASES.values()] + [c.to_dict() for c in sample_cases(PROJECT_SEED, PROFILES["ci"]["sample"])]
+    assert [r["config"] for r in report["results"]] == json.loads(json.dumps(expected))
+    assert report["complete"] and report["expectations"]["unexpected"] == 0
