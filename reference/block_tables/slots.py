@@ -1,0 +1,151 @@
+"""Slot mappings: MRv1's ``ComputeSlotMappingKernel`` and MRv2's ``_compute_slot_mappings_kernel``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from reference.block_tables._common import (
+    PAD_SLOT_ID,
+    SlotMappingMode,
+    _dcp,
+    _int,
+    _mode,
+    _per_group,
+    _query_start_loc,
+)
+from reference.errors import ConfigError
+
+
+def slot_mapping_mrv1(
+    block_rows: Sequence[Sequence[int]],
+    block_size: int,
+    query_start_loc: Sequence[int],
+    positions: Sequence[int],
+    max_num_batched_tokens: int,
+    dcp_world_size: int = 1,
+    dcp_rank: int = 0,
+    interleave: int = 1,
+    mode: SlotMappingMode | str = SlotMappingMode.TOKEN_TO_KV_SLOT,
+) -> list[int] | None:
+    """MRv1 slot mapping of one group (``BlockTable.compute_slot_mapping`` + its Triton kernel).
+
+    ``block_rows[i]`` is the full row of batch position ``i``. Returns the whole
+    ``max_num_batched_tokens`` buffer: real tokens get ``bt[req, vbi]*B + loff`` (or PAD on a
+    non-local DCP rank) and ``[num_tokens, max_num_batched_tokens)`` is PAD.
+
+    ``mode="none"`` (Mamba groups) returns ``None``: vLLM returns before launching the
+    kernel, so the buffer keeps whatever it held (see ``MRv1BlockTable.compute_slot_mapping``).
+    """
+    if _mode(mode) is SlotMappingMode.NONE:
+        return None
+    B = _int(block_size, "block size", minimum=1)
+    W, r, I = _dcp(dcp_world_size, dcp_rank, interleave, B)
+    qsl = _query_start_loc(query_start_loc)
+    pos = [_int(p, "position", minimum=0) for p in positions]
+    cap = _int(max_num_batched_tokens, "max_num_batched_tokens", minimum=0)
+    num_reqs, num_tokens = len(qsl) - 1, len(pos)
+    if qsl[-1] != num_tokens:
+        # The kernel only pads from positions.shape[0]; a mismatch leaves tokens unwritten.
+        raise ConfigError(
+            f"query_start_loc ends at {qsl[-1]} but there are {num_tokens} positions; expected them equal"
+        )
+    if num_tokens > cap:
+        raise ConfigError(f"{num_tokens} tokens exceed max_num_batched_tokens {cap}; expected at most {cap}")
+    if len(block_rows) < num_reqs:
+        raise ConfigError(f"{len(block_rows)} block table rows for {num_reqs} requests; expected one row per request")
+
+    out = [PAD_SLOT_ID] * cap
+    vbs = B * W  # a "virtual block" spans the B local tokens of every DCP rank
+    for req in range(num_reqs):
+        row = block_rows[req]
+        for t in range(qsl[req], qsl[req + 1]):
+            vbi, vbo = divmod(pos[t], vbs)
+            if (vbo // I) % W != r:
+                continue  # another DCP rank stores this token
+            if vbi >= len(row):
+                raise ConfigError(
+                    f"position {pos[t]} of request {req} needs block column {vbi} but the row has "
+                    f"{len(row)} columns; expected position < {len(row) * vbs}"
+                )
+            loff = (vbo // (W * I)) * I + vbo % I
+            out[t] = _int(row[vbi], "block id", minimum=0) * B + loff
+    return out
+
+
+def slot_mappings_mrv2(
+    block_tables: Sequence[Sequence[Sequence[int]]],
+    block_sizes: Sequence[int],
+    idx_mapping: Sequence[int],
+    query_start_loc: Sequence[int],
+    positions: Sequence[int],
+    num_tokens_padded: int,
+    max_num_batched_tokens: int,
+    *,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    cp_interleave: int = 1,
+    slot_mapping_enabled: Sequence[bool] | None = None,
+    dcp_sharded: Sequence[bool] | None = None,
+) -> list[list[int]]:
+    """MRv2 slot mappings, one list per group (``BlockTables.compute_slot_mappings``).
+
+    ``block_tables[g][slot]`` is the persistent row of request-state slot ``slot``;
+    ``idx_mapping[i]`` maps batch request ``i`` to its slot, ``-1`` for a dummy request
+    (its tokens are PAD). Groups with ``slot_mapping_enabled`` False (circular-buffer,
+    HiSparse) are all PAD (D4); groups with ``dcp_sharded`` False use the global position
+    even under DCP. PAD starts at ``query_start_loc[num_reqs]``, the actual token count.
+    Returns ``[g][:num_tokens_padded]``.
+    """
+    G = len(block_sizes)
+    sizes = [_int(b, "block size", minimum=1) for b in block_sizes]
+    if len(block_tables) != G:
+        raise ConfigError(f"{len(block_tables)} block tables for {G} block sizes; expected one per group")
+    enabled = [bool(e) for e in _per_group(slot_mapping_enabled, G, "slot_mapping_enabled", True)]
+    sharded = [bool(s) for s in _per_group(dcp_sharded, G, "dcp_sharded", True)]
+    W = _int(cp_size, "DCP world size", minimum=1)
+    qsl = _query_start_loc(query_start_loc)
+    num_reqs = len(qsl) - 1
+    idx = [_int(i, "idx_mapping entry", minimum=-1) for i in idx_mapping]
+    if len(idx) != num_reqs:
+        raise ConfigError(
+            f"idx_mapping has {len(idx)} entries but query_start_loc describes {num_reqs} requests; expected equal"
+        )
+    pos = [_int(p, "position", minimum=0) for p in positions]
+    if len(pos) < qsl[-1]:
+        raise ConfigError(f"{len(pos)} positions for {qsl[-1]} scheduled tokens; expected at least {qsl[-1]}")
+    cap = _int(max_num_batched_tokens, "max_num_batched_tokens", minimum=0)
+    padded = _int(num_tokens_padded, "num_tokens_padded", minimum=qsl[-1], maximum=cap)
+
+    out: list[list[int]] = []
+    for g in range(G):
+        B, rows = sizes[g], block_tables[g]
+        _, r, I = _dcp(W, cp_rank, cp_interleave, B if (sharded[g] and enabled[g]) else None)
+        for req in idx:
+            if req >= len(rows):
+                raise ConfigError(
+                    f"idx_mapping entry {req} is not a request-state slot of group {g}; "
+                    f"expected -1 or a slot below {len(rows)}"
+                )
+        buf = [PAD_SLOT_ID] * cap
+        for i, req in enumerate(idx):
+            if req < 0 or not enabled[g]:
+                continue  # the kernel masks the load and writes PAD
+            row = rows[req]
+            for t in range(qsl[i], qsl[i + 1]):
+                p = pos[t]
+                if W == 1 or not sharded[g]:
+                    lp = p
+                else:
+                    vbi, vbo = divmod(p, B * W)
+                    if (vbo // I) % W != r:
+                        continue
+                    lp = vbi * B + (vbo // (I * W)) * I + vbo % I
+                bi = lp // B
+                if bi >= len(row):
+                    raise ConfigError(
+                        f"position {p} of request slot {req} needs block column {bi} of group {g} but the "
+                        f"row has {len(row)} columns; expected a position inside the row"
+                    )
+                buf[t] = _int(row[bi], "block id", minimum=0) * B + lp % B
+        out.append(buf[:padded])
+    return out
