@@ -68,6 +68,19 @@ def _parallel(pick: Callable[[Sequence[Any]], Any], family: str) -> tuple[int, i
     return tp, dcp, per_rank_kv_heads(gqa, tp)
 
 
+def _supported_layouts(layers: Sequence[LayerConfig], capability: tuple[int, int]) -> tuple[str, ...]:
+    """Layout names every backend of ``layers`` accepts, best first (empty: none in common)."""
+    from reference.backends import get_backend
+    from reference.errors import StartupError
+    from reference.layout import supported_layouts
+
+    declared = [(name, get_backend(name).supported_layouts(capability)) for name in dict.fromkeys(l.backend for l in layers)]
+    try:
+        return tuple(layout.name for layout in supported_layouts(declared))
+    except StartupError:
+        return ()
+
+
 def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4) -> CaseConfig:
     """One valid case from two choice functions, so hypothesis and a seeded RNG share it.
 
@@ -129,10 +142,13 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
             for i in range(n)
             for sub, kind in (("self_attn", "full"), ("encoder_attn", "cross"))
         ]
-    layout = pick((None,) + LAYOUTS)
+    capability = pick(((9, 0), (10, 0)))  # SM90, or SM100 (TRT-LLM sizes, FA4 pages)
+    # Half the draws pick among the layouts every drawn backend supports (tensors get
+    # built), half among all six (vLLM must then refuse the unsupported ones alike).
+    supported = _supported_layouts(layers, capability)
+    layout = pick((None,) + (supported if pick(("supported", "any")) == "supported" and supported else LAYOUTS))
     num_blocks = integer(2, max_blocks)
     # Engine options, drawn last so earlier draws (and shrinking) are unaffected:
-    capability = pick(((9, 0), (10, 0)))  # SM90, or SM100 (TRT-LLM sizes, FA4 pages)
     model_dtype = pick(("bfloat16", "float16"))
     # Sized by memory instead of num_gpu_blocks_override (tight budgets are refused alike).
     memory = pick((None, 8 << 20, 64 << 20))
