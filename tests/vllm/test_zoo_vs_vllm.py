@@ -8,8 +8,9 @@ observed through ``gpu_impl.vllm_cpu.planning.observe`` for both model runners:
 - ``compare_runners`` must be clean, or every mismatch matched by
   ``conformance/expectations.toml`` (``conformance.expectations.classify``).
 
-Combos a backend refuses (Phi-3's head size 96 under FlashInfer) are skipped with the
-reason, never dropped.
+Combos vLLM refuses before any layout code runs are checked as refusals: a head size the
+backend does not take (Phi-3's 96 under FlashInfer, against the backend class's
+``supports_head_size``) and sliding windows under DCP (the engine core's admission check).
 A further test checks the zoo's reading of each config (sliding windows, layer types)
 against transformers' own config classes, which is what vLLM parses them with.
 """
@@ -25,7 +26,8 @@ from conformance.diff import compare, compare_runners
 from conformance.expectations import Environment, case_facts, classify
 from reference.derive import derive
 from reference.errors import ConfigError, NotModeledError, StartupError
-from suites.zoo import hybrid_block_size, load_zoo, sliding_windows, to_case
+from reference.parallel import check_parallel
+from suites.zoo import hybrid_block_size, load_zoo, model_heads, sliding_windows, to_case
 
 ZOO = load_zoo()
 
@@ -48,6 +50,9 @@ PARALLEL_COMBOS = (
     ("FLASHINFER", 128, "LBNHC", 8, 1),
     ("FLASH_ATTN", 64, None, 16, 2),
 )
+# Sliding windows under DCP: refused only by the engine core's admission check (the
+# reference's NotModeledError quotes it), so vLLM's admission path is asserted instead.
+ADMISSION_ONLY_REFUSAL = "DCP not support sliding window."
 # Hybrid models also at the block size vLLM would raise them to (update_block_size_for_backend).
 HYBRID_COMBOS = (("FLASH_ATTN", None), ("FLASHINFER", "LBNHC"))
 
@@ -69,6 +74,10 @@ def _params():
                 )
             )
         for backend, block_size, layout, tp, dcp in PARALLEL_COMBOS:
+            try:
+                check_parallel(model_heads(model), tp, dcp)
+            except ConfigError:
+                continue  # vLLM refuses it at config time: test_zoo_parallel_heads_and_refusals_are_vllms
             out.append(
                 pytest.param(
                     name, backend, block_size, layout, (9, 0), "auto", tp, dcp,
@@ -98,19 +107,29 @@ def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache
     known = KNOWN_DIVERGENCES.get((name, backend, block_size, layout))
     if known:
         pytest.xfail(known)  # pragma: no cover - none today
-    try:
-        case = to_case(
-            model, block_size=block_size, backend=backend, layout=layout, capability=capability,
-            cache_dtype=cache_dtype, tensor_parallel_size=tp, decode_context_parallel_size=dcp,
-        )
-    except ConfigError as exc:
-        pytest.skip(f"vLLM refuses {name} at TP {tp} / DCP {dcp} or on {backend}: {exc}")
+    case = to_case(
+        model, block_size=block_size, backend=backend, layout=layout, capability=capability,
+        cache_dtype=cache_dtype, tensor_parallel_size=tp, decode_context_parallel_size=dcp,
+    )
     try:
         derive(case)
     except ConfigError as exc:
-        pytest.skip(f"{case.layers[0].backend} refuses {name} (the backend selector's validation): {exc}")
-    except (StartupError, NotModeledError):
-        pass  # compare() checks vLLM refuses it the same way / reports not_modeled
+        # The reference refuses it as the backend selector would: check vLLM's backend agrees.
+        from gpu_impl.vllm_cpu import shims
+
+        layer = case.layers[0]
+        assert "head size" in str(exc), exc
+        assert not shims.backend_class(layer.backend).supports_head_size(layer.head_size), exc
+        return
+    except NotModeledError as exc:
+        if ADMISSION_ONLY_REFUSAL in str(exc):
+            # The reference leaves admission unmodeled but names vLLM's refusal: check it.
+            for runner in ("mrv1", "mrv2"):
+                refused = observe(case, runner, admission=True)
+                assert refused.error and ADMISSION_ONLY_REFUSAL in refused.error, (runner, refused.error)
+            return
+    except StartupError:
+        pass  # compare() checks vLLM refuses it the same way
     observations = {runner: observe(case, runner) for runner in ("mrv1", "mrv2")}
     for runner, obs in observations.items():
         result = compare(case, runner, obs)
