@@ -60,6 +60,7 @@ OPTION_NAMES = (
     "kv_cache_memory_bytes",
     "tensor_parallel_size",
     "decode_context_parallel_size",
+    "disable_hybrid_kv_cache_manager",
     "draft",
 )
 """What ``options`` / ``without`` can name: a ``CaseConfig`` field set away from its
@@ -369,7 +370,11 @@ class CaseFacts:
     """The ``OPTION_NAMES`` the case sets."""
 
 
-_OPTION_DEFAULTS = {"tensor_parallel_size": 1, "decode_context_parallel_size": 1}
+_OPTION_DEFAULTS: dict[str, Any] = {
+    "tensor_parallel_size": 1,
+    "decode_context_parallel_size": 1,
+    "disable_hybrid_kv_cache_manager": False,
+}
 
 
 def case_options(case: Any) -> frozenset[str]:

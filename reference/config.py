@@ -90,6 +90,9 @@ class CaseConfig:
     ``reference.parallel.per_rank_kv_heads``); recorded so a case replays as served."""
     decode_context_parallel_size: int = 1
     """``--decode-context-parallel-size``: a sharded attention block spans ``block_size * dcp`` tokens."""
+    disable_hybrid_kv_cache_manager: bool = False
+    """``--disable-hybrid-kv-cache-manager`` (vLLM's default for chunked local attention and for
+    connectors without HMA support): local-attention layers are allocated as full attention."""
     mamba_block_size: int | None = None
     generation: int = 2
     """1: vLLM 0.21 to 0.28 (per-backend shapes, see reference.legacy); 2: 0.30 and later (KVCacheLayout)."""

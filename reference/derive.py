@@ -327,7 +327,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     _check_parallel_modeled(case)
     specs, backends = _customized_specs(case, runner)
     layout = _resolve_layout(case, specs, backends)
-    groups = get_kv_cache_groups(dict(specs), layout)
+    groups = get_kv_cache_groups(dict(specs), layout, hybrid_manager=not case.disable_hybrid_kv_cache_manager)
     # Grouping may rescale block sizes; the per-layer specs that matter from here on are
     # the grouped ones.
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)

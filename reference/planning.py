@@ -76,9 +76,34 @@ class KVCachePlan:
 
 
 def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
-    """``KVCacheSpec.merge``: all equal (``is_draft`` excluded) or nothing."""
+    """``KVCacheSpec.merge``: all equal (``is_draft`` excluded) or nothing.
+
+    Full-attention and MLA specs merge like ``FullAttentionSpec.merge`` /
+    ``MLAAttentionSpec.merge``: the window and chunk size a promoted local layer keeps
+    are not part of the comparison (full: at most one of each, not both; MLA drops them).
+    """
     first = specs[0]
-    return first if all(s == first for s in specs) else None
+    if all(s == first for s in specs):
+        return first
+    if not (isinstance(first, AttentionSpec) and first.kind in (SpecKind.FULL, SpecKind.MLA)):
+        return None
+    if not all(isinstance(s, AttentionSpec) and s.kind is first.kind for s in specs):
+        return None
+    bare = [replace(s, sliding_window=None, attention_chunk_size=None) for s in specs]
+    if not all(b == bare[0] for b in bare):
+        return None
+    if first.kind is SpecKind.MLA:
+        return bare[0]
+    windows = {s.sliding_window for s in specs if s.sliding_window is not None}
+    chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
+    if len(windows) > 1 or len(chunks) > 1:
+        raise StartupError(
+            "All attention layers in the same KV cache group must have the same window size.",
+            where="vllm.v1.kv_cache_interface.FullAttentionSpec.merge_window_sizes",
+        )
+    if windows and chunks:
+        return None  # "Model with both sliding window layers and chunked local attention layers"
+    return replace(bare[0], sliding_window=next(iter(windows), None), attention_chunk_size=next(iter(chunks), None))
 
 
 def unify_page_size(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
@@ -124,10 +149,18 @@ def _uniform_page_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
     return groups
 
 
-def get_kv_cache_groups(specs: dict[str, LayerSpec], layout: KVCacheLayout) -> list[KVCacheGroup]:
-    """Group the per-layer specs (``get_kv_cache_groups`` with the hybrid manager on)."""
+def get_kv_cache_groups(
+    specs: dict[str, LayerSpec], layout: KVCacheLayout, *, hybrid_manager: bool = True
+) -> list[KVCacheGroup]:
+    """Group the per-layer specs (``get_kv_cache_groups``).
+
+    ``hybrid_manager=False`` (``--disable-hybrid-kv-cache-manager``) first promotes
+    local-attention layers to full attention (``unify_hybrid_kv_cache_specs``).
+    """
     if not specs:
         return []
+    if not hybrid_manager:
+        specs = promote_local_specs(specs)
     values = list(specs.values())
     merged = _merge_equal(values)
     if merged is not None:
@@ -146,6 +179,49 @@ def get_kv_cache_groups(specs: dict[str, LayerSpec], layout: KVCacheLayout) -> l
     return _uniform_page_groups(unified)
 
 
+_PROMOTIONS = {
+    SpecKind.SLIDING_WINDOW_MLA: SpecKind.MLA,
+    SpecKind.SLIDING_WINDOW: SpecKind.FULL,
+    SpecKind.CHUNKED_LOCAL: SpecKind.FULL,
+}
+"""``_promote_local_kv_cache_specs``' promotions (vLLM walks the MRO; the MLA window first)."""
+
+
+def promote_local_specs(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
+    """``_promote_local_kv_cache_specs``: allocate local-attention layers as full attention.
+
+    Only when full-attention layers sit beside sliding-window or chunked-local ones; the
+    promoted specs keep their window for compute, take the full layers' block size, and
+    must then form one (uniform or uniform-type) spec, else vLLM refuses.
+    """
+    values = list(specs.values())
+    if _merge_equal(values) is not None or is_uniform_type(values):
+        return dict(specs)
+    kinds = {s.kind for s in values}
+    has_full = any(k.uniform_type_base == "full" for k in kinds)
+    full_sizes = {s.block_size for s in values if s.kind.uniform_type_base == "full"}
+    full_block_size = next(iter(full_sizes)) if len(full_sizes) == 1 else None
+    promoted = dict(specs)
+    if has_full and kinds & set(_PROMOTIONS):
+        for name, spec in specs.items():
+            target = _PROMOTIONS.get(spec.kind)
+            if target is None:
+                continue
+            assert isinstance(spec, AttentionSpec)
+            block_size = full_block_size or spec.block_size
+            padded = spec.page_size_padded
+            if padded is not None:
+                padded = max(padded, spec.real_page_size_bytes * block_size // spec.block_size)
+            promoted[name] = replace(spec, kind=target, block_size=block_size, page_size_padded=padded)
+    values = list(promoted.values())
+    if _merge_equal(values) is None and not is_uniform_type(values):
+        raise StartupError(
+            "Failed to promote local KV cache specs to one unified type.",
+            where="vllm.v1.core.kv_cache_planning._promote_local_kv_cache_specs",
+        )
+    return promoted
+
+
 def _full_allocation_fallback(specs: dict[str, LayerSpec]) -> list[KVCacheGroup] | None:
     """``_try_get_full_allocation_fallback_groups``: MLA + sliding window as full attention.
 
@@ -157,18 +233,11 @@ def _full_allocation_fallback(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]
         return None
     if not (SpecKind.MLA in kinds and SpecKind.SLIDING_WINDOW in kinds):
         return None
-    full_sizes = {s.block_size for s in specs.values() if s.kind.uniform_type_base == "full"}
-    full_block_size = next(iter(full_sizes)) if len(full_sizes) == 1 else None
-    promoted: dict[str, LayerSpec] = {}
-    for name, spec in specs.items():
-        if spec.kind is SpecKind.SLIDING_WINDOW:
-            assert isinstance(spec, AttentionSpec)
-            promoted[name] = replace(spec, kind=SpecKind.FULL, block_size=full_block_size or spec.block_size)
-        else:
-            promoted[name] = spec
+    try:
+        promoted = promote_local_specs(specs)
+    except StartupError:
+        return None
     values = list(promoted.values())
-    if _merge_equal(values) is not None:
-        return [KVCacheGroup(tuple(promoted), values[0])]
     if is_uniform_type(values):
         return [KVCacheGroup(tuple(promoted), UniformTypeSpecs(tuple(promoted.items())))]
     return None

@@ -202,6 +202,24 @@ def _build() -> dict[str, CaseConfig]:
             decode_context_parallel_size=2,
             note="Attention blocks are DCP-sharded (32-token span), Mamba state is replicated (not scaled).",
         ),
+        CaseConfig(
+            "chunked-local-hma-off",
+            _qwen3_like(1) + uniform_layers(3, start=1, kind="chunked_local", attention_chunk_size=8192, num_kv_heads=8, head_size=128),
+            block_size=64,
+            num_blocks=4,
+            disable_hybrid_kv_cache_manager=True,
+            note="Llama-4-like: 3 chunked-local layers per full one. vLLM disables the hybrid manager for "
+            "chunked local attention by default, so all four layers share one full-attention group.",
+        ),
+        CaseConfig(
+            "swa-hybrid-hma-off",
+            _tiny(2) + _tiny(2, num_kv_heads=3, kind="sliding_window", sliding_window=64, start=2),
+            block_size=32,
+            num_blocks=8,
+            disable_hybrid_kv_cache_manager=True,
+            note="The padded SWA hybrid with --disable-hybrid-kv-cache-manager: windows promoted to full "
+            "attention, one uniform-type group without page padding.",
+        ),
         CaseConfig("fp8-fa-b16", _qwen3_like(cache_dtype="fp8"), block_size=16, num_blocks=8),
         CaseConfig("b12x-two-slots", _qwen3_like(backend="B12X"), block_size=64, num_blocks=4, model_dtype="bfloat16"),
         CaseConfig("cpu-attn-b32", _qwen3_like(backend="CPU_ATTN"), block_size=32, num_blocks=4),

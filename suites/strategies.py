@@ -158,6 +158,9 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     attention_backend = backend if draft_fits and pick((False, True)) else None
     # A KV connector's layout preference (not under DCP: vLLM validates that elsewhere).
     connector = pick((None, "nixl", "mooncake", "offloading")) if dcp == 1 else None
+    # --disable-hybrid-kv-cache-manager: local-attention layers allocated as full attention
+    # (vLLM's default for chunked local attention); state layers then cannot start.
+    disable_hma = pick((False, True))
     return CaseConfig(
         name=f"{name}-{family}",
         layers=tuple(layers),
@@ -172,6 +175,7 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         mamba_block_size=block_size if family == "mamba_hybrid" else None,
         tensor_parallel_size=tp,
         decode_context_parallel_size=dcp,
+        disable_hybrid_kv_cache_manager=disable_hma,
     )
 
 

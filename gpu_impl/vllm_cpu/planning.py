@@ -248,7 +248,7 @@ def _configure(case) -> Iterator[Any]:
     # vLLM's defaults for a generative model: block hashing for prefix caching on.
     cc.enable_prefix_caching = True
     cc.prefix_match_unit = None
-    vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    vc.scheduler_config.disable_hybrid_kv_cache_manager = case.disable_hybrid_kv_cache_manager
     pc = vc.parallel_config
     pc.tensor_parallel_size = case.tensor_parallel_size
     pc.decode_context_parallel_size = case.decode_context_parallel_size

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from reference.config import CaseConfig
 from reference.derive import derive
 from reference.errors import StartupError
 from reference.specs import AttentionSpec, SpecKind
@@ -346,3 +347,32 @@ def test_approximate_gcd() -> None:
     # From 3: d=3 pads 2+0, d=4 pads 0+2, d=5 pads 1+4, d=6 pads 2+0: ties go to the larger d.
     assert approximate_gcd([4, 6], lower_bound=3) == 6
     assert approximate_gcd([5], lower_bound=9) == 9
+
+
+# --- the hybrid manager disabled (unify_hybrid_kv_cache_specs) ----------------------------------
+
+
+def test_hma_off_promotes_chunked_local_layers_into_one_full_group() -> None:
+    from suites.named_cases import CASES
+
+    d = derive(CASES["chunked-local-hma-off"])
+    (group,) = d.groups
+    assert len(group.layer_names) == 4 and group.spec.kind.value == "full_attention"
+    # FullAttentionSpec.merge keeps the one chunk size; with the manager on: one group per layer.
+    assert group.spec.attention_chunk_size == 8192
+    assert len(derive(CASES["chunked-local-hma-off"].with_(disable_hybrid_kv_cache_manager=False)).groups) == 4
+
+
+def test_hma_off_refuses_what_cannot_be_promoted() -> None:
+    from reference.config import LayerConfig, uniform_layers
+
+    mamba = LayerConfig("model.layers.2.mixer", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 64), (4, 32, 16)))
+    case = CaseConfig("hma-off-mamba", uniform_layers(2, num_kv_heads=2, head_size=64) + (mamba,), disable_hybrid_kv_cache_manager=True)
+    with pytest.raises(StartupError, match=r"^Failed to promote local KV cache specs to one unified type\.$"):
+        derive(case)
+    two_windows = uniform_layers(1, num_kv_heads=2, head_size=64) + tuple(
+        LayerConfig(f"model.layers.{i}.self_attn.attn", kind="sliding_window", sliding_window=w, num_kv_heads=2, head_size=64)
+        for i, w in ((1, 64), (2, 128))
+    )
+    with pytest.raises(StartupError, match="must have the same window size"):
+        derive(CaseConfig("hma-off-two-windows", two_windows, disable_hybrid_kv_cache_manager=True))
