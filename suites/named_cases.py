@@ -220,6 +220,15 @@ def _build() -> dict[str, CaseConfig]:
             note="The padded SWA hybrid with --disable-hybrid-kv-cache-manager: windows promoted to full "
             "attention, one uniform-type group without page padding.",
         ),
+        CaseConfig(
+            "mamba-hybrid-hma-off",
+            _attention_and_mamba(num_kv_heads=2, mamba_layers=2, mamba_shapes=((2, 64), (4, 32, 16))),
+            block_size=16,
+            num_blocks=16,
+            disable_hybrid_kv_cache_manager=True,
+            note="State layers need the hybrid manager: with it off, vLLM refuses to start "
+            "(the specs cannot be promoted to one type).",
+        ),
         CaseConfig("fp8-fa-b16", _qwen3_like(cache_dtype="fp8"), block_size=16, num_blocks=8),
         CaseConfig("b12x-two-slots", _qwen3_like(backend="B12X"), block_size=64, num_blocks=4, model_dtype="bfloat16"),
         CaseConfig("cpu-attn-b32", _qwen3_like(backend="CPU_ATTN"), block_size=32, num_blocks=4),

@@ -159,8 +159,10 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     # A KV connector's layout preference (not under DCP: vLLM validates that elsewhere).
     connector = pick((None, "nixl", "mooncake", "offloading")) if dcp == 1 else None
     # --disable-hybrid-kv-cache-manager: local-attention layers allocated as full attention
-    # (vLLM's default for chunked local attention); state layers then cannot start.
-    disable_hma = pick((False, True))
+    # (vLLM's default for chunked local attention). State and cross-attention layers cannot
+    # be promoted (vLLM refuses; the named case mamba-hybrid-hma-off checks that), so only
+    # the attention families draw it.
+    disable_hma = pick((False, True)) if family not in ("mamba_hybrid", "encoder_decoder") else False
     return CaseConfig(
         name=f"{name}-{family}",
         layers=tuple(layers),
