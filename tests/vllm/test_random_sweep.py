@@ -13,11 +13,8 @@ import math
 
 import pytest
 
-from conformance.diff import compare_runners
-from conformance.expectations import Environment, case_facts, classify
-from conformance.vllm_run import replay_command
 
-from conformance.pytest_plugin import run_settings, sampled_cases
+from conformance.pytest_plugin import check_runners_agree, run_settings, sampled_cases
 from reference.derive import derive
 from reference.errors import NotModeledError, StartupError
 
@@ -60,19 +57,5 @@ def test_random_config_conforms(kv_case, kv_observed, assert_conforms, pytestcon
     observations = {runner: kv_observed(kv_case, runner) for runner in ("mrv1", "mrv2")}
     for runner, observation in observations.items():
         assert_conforms(kv_case, observation, runner=runner)
-    mismatches = compare_runners(kv_case, observations["mrv1"], observations["mrv2"])
-    if mismatches:
-        import vllm
-
-        env = Environment(vllm.__version__, {kv_case.name: case_facts(kv_case, observations.values())})
-        unexpected = classify(mismatches, env).unexpected
-        s = run_settings(pytestconfig)
-        assert not unexpected, "\n".join(
-            [
-                f"{kv_case.name}: MRv1 and MRv2 differ beyond conformance/expectations.toml",
-                *(f"  {d.message}" for d in unexpected),
-                f"seed: {s.seed} (profile {s.profile}; rerun with --kvconform-seed {s.seed})",
-                f"config: {kv_case.to_json()}",
-                f"replay: {replay_command(kv_case)}",
-            ]
-        )
+    s = run_settings(pytestconfig)
+    check_runners_agree(kv_case, observations["mrv1"], observations["mrv2"], seed=s.seed, profile=s.profile)

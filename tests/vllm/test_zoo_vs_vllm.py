@@ -23,7 +23,7 @@ import warnings
 import pytest
 
 from conformance.diff import compare, compare_runners
-from conformance.expectations import Environment, case_facts, classify
+from conformance.pytest_plugin import check_runners_agree
 from reference.derive import derive
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import check_parallel
@@ -139,14 +139,7 @@ def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache
             pytest.skip(f"not modeled by the reference: {result.detail}")
         if result.status != "pass":
             _fail(case, runner, "\n".join(f"  {d.message}" for d in result.divergences))
-    mismatches = compare_runners(case, observations["mrv1"], observations["mrv2"])
-    if mismatches:
-        import vllm
-
-        env = Environment(vllm.__version__, {case.name: case_facts(case, observations.values())})
-        verdict = classify(mismatches, env)
-        if verdict.unexpected:
-            _fail(case, "mrv1/mrv2", "\n".join(f"  {d.message}" for d in verdict.unexpected))
+    check_runners_agree(case, observations["mrv1"], observations["mrv2"])
 
 
 def test_zoo_hybrid_block_size_is_what_vllm_aligns_to() -> None:
