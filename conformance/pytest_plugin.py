@@ -43,6 +43,7 @@ xdist workers).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import secrets
@@ -582,6 +583,14 @@ def check_conforms(
     return result
 
 
+@functools.lru_cache(maxsize=1)
+def _vllm_version() -> str:
+    """The installed vLLM's version, read once (expectations are scoped by it)."""
+    import importlib.metadata
+
+    return importlib.metadata.version("vllm")
+
+
 def check_runners_agree(
     case: Any, mrv1: Any, mrv2: Any, *, seed: int | None = None, profile: str | None = None
 ) -> tuple[Any, ...]:
@@ -594,9 +603,7 @@ def check_runners_agree(
     mismatches = compare_runners(case, mrv1, mrv2)
     if not mismatches:
         return ()
-    from importlib.metadata import version
-
-    env = Environment(version("vllm"), {case.name: case_facts(case, (mrv1, mrv2))})
+    env = Environment(_vllm_version(), {case.name: case_facts(case, (mrv1, mrv2))})
     verdict = classify(mismatches, env)
     if verdict.unexpected:
         lines = [f"case {case.name}: MRv1 and MRv2 differ beyond conformance/expectations.toml"]

@@ -59,3 +59,21 @@ def test_random_config_conforms(kv_case, kv_observed, assert_conforms, pytestcon
         assert_conforms(kv_case, observation, runner=runner)
     s = run_settings(pytestconfig)
     check_runners_agree(kv_case, observations["mrv1"], observations["mrv2"], seed=s.seed, profile=s.profile)
+
+
+def test_check_runners_agree_allows_only_declared_differences() -> None:
+    from conformance.pytest_plugin import reference_observation
+    from suites.named_cases import CASES
+
+    case = CASES["gqa+draft-attention-backend-b128"]
+    mrv1, mrv2 = reference_observation(case, "mrv1"), reference_observation(case, "mrv2")
+    expected = check_runners_agree(case, mrv1, mrv2)
+    assert expected and all(m.expectation.id == "mrv2-draft-keeps-attention-backend" for m in expected)
+    plain = CASES["flashinfer-b128-k64"]
+    moved = reference_observation(plain, "mrv2")
+    moved.layout = "BHLNC"
+    with pytest.raises(AssertionError) as info:
+        check_runners_agree(plain, reference_observation(plain, "mrv1"), moved, seed=7, profile="ci")
+    text = str(info.value)
+    assert "layout: MRv1 'LBNHC' vs MRv2 'BHLNC'" in text and "seed: 7" in text
+    assert f"config: {plain.to_json()}" in text and "replay: kvconform run --case flashinfer-b128-k64" in text
