@@ -122,6 +122,10 @@ class CaseConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{attr} {value!r} must be a positive integer")
         check_tp_dcp(self.tensor_parallel_size, self.decode_context_parallel_size)
+        if not isinstance(self.disable_hybrid_kv_cache_manager, bool):
+            raise ConfigError(
+                f"disable_hybrid_kv_cache_manager {self.disable_hybrid_kv_cache_manager!r} must be true or false"
+            )
         if self.generation not in (1, 2):
             raise ConfigError(f"generation {self.generation!r} must be 1 (vLLM < 0.30) or 2 (vLLM >= 0.30)")
 

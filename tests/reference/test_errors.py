@@ -107,3 +107,21 @@ def test_select_common_block_size_matches_research_table() -> None:
     assert select_common_block_size(96, [("TOKENSPEED_MLA", ts), ("ROCM_AITER_FA", aiter)]) == 32
     with pytest.raises(StartupError, match=r"No common block size for 16 \(TOKENSPEED_MLA: 32, 64\)\."):
         select_common_block_size(16, [("TOKENSPEED_MLA", ts)])
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"tensor_parallel_size": 3, "decode_context_parallel_size": 2}, "tp_size=3 must be divisible by dcp_size=2."),
+        ({"tensor_parallel_size": "8"}, "tensor_parallel_size '8' must be a positive integer"),
+        ({"decode_context_parallel_size": 0}, "decode_context_parallel_size 0 must be a positive integer"),
+        ({"disable_hybrid_kv_cache_manager": "yes"}, "disable_hybrid_kv_cache_manager 'yes' must be true or false"),
+    ],
+)
+def test_parallel_and_manager_options_are_checked(fields: dict, message: str) -> None:
+    from reference.config import CaseConfig
+    from reference.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        CaseConfig.from_dict({"name": "x", "layers": [{"name": "a"}], **fields})
+    assert str(info.value) == message
