@@ -89,6 +89,8 @@ def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
         return None
     if not all(isinstance(s, AttentionSpec) and s.kind is first.kind for s in specs):
         return None
+    if all(s.sliding_window is None and s.attention_chunk_size is None for s in specs):
+        return None  # only promoted local layers carry these: nothing left to ignore
     bare = [replace(s, sliding_window=None, attention_chunk_size=None) for s in specs]
     if not all(b == bare[0] for b in bare):
         return None
@@ -113,23 +115,32 @@ def unify_page_size(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
         return dict(specs)
     largest = max(pages)
     out: dict[str, LayerSpec] = {}
+    # Most layers share a spec: rescale each distinct one once (is_draft is not part of
+    # spec equality, so it is part of the key).
+    unified: dict[tuple[LayerSpec, bool], LayerSpec] = {}
     for name, spec in specs.items():
-        page = spec.page_size_bytes
-        if page == largest:
-            out[name] = spec
-        elif isinstance(spec, MambaSpec):
-            out[name] = replace(spec, page_size_padded=largest)
-        elif largest % page == 0:
-            out[name] = spec.with_block_size(spec.block_size * (largest // page))
-        elif isinstance(spec, AttentionSpec) and not spec.kind.is_mla:
-            out[name] = replace(spec, page_size_padded=largest)
-        else:
-            raise StartupError(
-                f"Layer {name}: page size is not divisible by the maximum page size and cannot "
-                "be padded. Padding is only supported for non-MLA attention layers.",
-                where=f"{_PLANNING}.unify_kv_cache_spec_page_size",
-            )
+        key = (spec, spec.is_draft)
+        if key not in unified:
+            unified[key] = _unified_spec(name, spec, largest)
+        out[name] = unified[key]
     return out
+
+
+def _unified_spec(name: str, spec: LayerSpec, largest: int) -> LayerSpec:
+    page = spec.page_size_bytes
+    if page == largest:
+        return spec
+    if isinstance(spec, MambaSpec):
+        return replace(spec, page_size_padded=largest)
+    if largest % page == 0:
+        return spec.with_block_size(spec.block_size * (largest // page))
+    if isinstance(spec, AttentionSpec) and not spec.kind.is_mla:
+        return replace(spec, page_size_padded=largest)
+    raise StartupError(
+        f"Layer {name}: page size is not divisible by the maximum page size and cannot "
+        "be padded. Padding is only supported for non-MLA attention layers.",
+        where=f"{_PLANNING}.unify_kv_cache_spec_page_size",
+    )
 
 
 def _uniform_page_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
