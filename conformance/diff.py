@@ -54,6 +54,7 @@ KINDS = (
     "registered_dtype",
     "registered_offset",
     "registered_storage",
+    "bound_storage",
     "mrv1_mrv2_mismatch",
 ) + ENGINE_ONLY_KINDS
 """Every divergence kind, roughly in pipeline order (root causes before their views).
@@ -75,6 +76,9 @@ KINDS = (
   ``hash_block_size``; both scale with DCP).
 - ``registered_*``: the tensors ``register_kv_caches`` gets: which layers, and per layer
   shape, element strides, dtype, storage offset (elements) and storage size (bytes).
+- ``bound_storage``: a layer computes with a cache that is not a view of the storage
+  registered for it (a connector would move other bytes than the kernels use); only
+  observations of the runner's own ``initialize_kv_cache`` carry it.
 - ``mrv1_mrv2_mismatch``: from ``compare_runners`` only.
 """
 
@@ -267,6 +271,8 @@ def compare(case: CaseConfig, runner: str, observation: Any) -> Comparison:
         if observed_size is not None:
             c.cmp("scheduler_block_size", field_name, getattr(expected, field_name), observed_size)
     _cmp_views(c, expected.registered, observation.registered, mismatch=False)
+    outside = tuple(getattr(observation, "bound_outside_registered", ()) or ())
+    c.cmp("bound_storage", "layers bound outside their registered storage", (), outside)
     return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
 
 
@@ -287,6 +293,12 @@ def compare_runners(case: CaseConfig | str, mrv1: Any, mrv2: Any) -> tuple[Diver
     c = _Collector(_case_name(case), RUNNER_PAIR)
     kind = "mrv1_mrv2_mismatch"
     c.cmp(kind, "error", getattr(mrv1, "error", None), getattr(mrv2, "error", None))
+    if getattr(mrv1, "error", None) is not None or getattr(mrv2, "error", None) is not None:
+        c.cmp(kind, "error_stage", getattr(mrv1, "error_stage", None), getattr(mrv2, "error_stage", None))
+    # Builders and bound views are read off the runner when its own initialize_kv_cache
+    # ran, and recomputed from the shared functions otherwise: compare them only
+    # between observations made the same way (each report row says which).
+    same_fidelity = getattr(mrv1, "fidelity", None) == getattr(mrv2, "fidelity", None)
     # The same backend for a layer is an input (layer_backend_name), but a kernel runs it:
     # a draft running under another backend in one runner is something to see.
     b1: Mapping[str, str] = getattr(mrv1, "layer_backends", {}) or {}
@@ -304,24 +316,29 @@ def compare_runners(case: CaseConfig | str, mrv1: Any, mrv2: Any) -> tuple[Diver
     c.cmp(kind, "bytes_per_block", mrv1.bytes_per_block, mrv2.bytes_per_block)
     _cmp_tensors(c, kind, mrv1.tensors, mrv2.tensors)
     c.cmp(kind, "kernel_block_sizes", list(mrv1.kernel_block_sizes), list(mrv2.kernel_block_sizes))
-    c.cmp(
-        kind,
-        "builder_kernel_block_sizes",
-        dict(getattr(mrv1, "builder_kernel_block_sizes", {}) or {}),
-        dict(getattr(mrv2, "builder_kernel_block_sizes", {}) or {}),
-    )
+    if same_fidelity:
+        c.cmp(
+            kind,
+            "builder_kernel_block_sizes",
+            dict(getattr(mrv1, "builder_kernel_block_sizes", {}) or {}),
+            dict(getattr(mrv2, "builder_kernel_block_sizes", {}) or {}),
+        )
     c1 = getattr(mrv1, "connector_kernel_block_size", _MISSING)
     c2 = getattr(mrv2, "connector_kernel_block_size", _MISSING)
     if c1 is not _MISSING and c2 is not _MISSING:
         c.cmp(kind, "connector_kernel_block_size", c1, c2)
     for field_name in ("cache_block_size", "scheduler_block_size", "hash_block_size"):
         c.cmp(kind, field_name, getattr(mrv1, field_name, None), getattr(mrv2, field_name, None))
-    _cmp_views(c, mrv1.registered, mrv2.registered, mismatch=True)
-    # What layers are bound to after map_kv_caches_to_kernel_blocks: what the kernels index.
-    bound1: Mapping[str, tuple[int, ...]] = getattr(mrv1, "bound_shapes", {}) or {}
-    bound2: Mapping[str, tuple[int, ...]] = getattr(mrv2, "bound_shapes", {}) or {}
-    for layer in sorted(set(bound1) | set(bound2)):
-        c.cmp(kind, f"{layer}.bound_shape", bound1.get(layer), bound2.get(layer))
+    if same_fidelity or not (getattr(mrv1, "error", None) or getattr(mrv2, "error", None)):
+        # A runner refusing before register_kv_caches registers nothing; the shared
+        # functions stop at the same step, but only the runner can say so.
+        _cmp_views(c, mrv1.registered, mrv2.registered, mismatch=True)
+    if same_fidelity:
+        # What layers are bound to after map_kv_caches_to_kernel_blocks: what the kernels index.
+        bound1: Mapping[str, tuple[int, ...]] = getattr(mrv1, "bound_shapes", {}) or {}
+        bound2: Mapping[str, tuple[int, ...]] = getattr(mrv2, "bound_shapes", {}) or {}
+        for layer in sorted(set(bound1) | set(bound2)):
+            c.cmp(kind, f"{layer}.bound_shape", bound1.get(layer), bound2.get(layer))
     return tuple(c.out)
 
 

@@ -96,6 +96,7 @@ def run_against_vllm(
     counts: dict[str, int] = {}
     results: list[dict[str, Any]] = []
     matrix: dict[str, dict[str, dict[str, int]]] = {}
+    fidelities: dict[tuple[str, str], int] = {}
 
     def report(complete: bool, verdict: Classification | None = None) -> dict[str, Any]:
         return {
@@ -105,6 +106,7 @@ def run_against_vllm(
             "started": started,
             "duration_s": round(time.time() - started, 3),
             "counts": counts,
+            "fidelity": {f"{runner}:{how}": n for (runner, how), n in sorted(fidelities.items())},
             "expectations": {
                 "file": expectations_source,
                 "expected": None if verdict is None else len(verdict.expected),
@@ -139,9 +141,15 @@ def run_against_vllm(
             counts[status] = counts.get(status, 0) + 1
             cell = row.setdefault(c.runner, {})
             cell[status] = cell.get(status, 0) + 1
+            observation = observations[c.runner]
+            fidelity = None if getattr(observation, "unsupported", None) else getattr(observation, "fidelity", None)
+            if fidelity is not None:
+                fidelities[(c.runner, fidelity)] = fidelities.get((c.runner, fidelity), 0) + 1
             runners[c.runner] = {
                 "status": status,
                 "detail": c.detail,
+                "fidelity": fidelity,
+                "fidelity_reason": getattr(observation, "fidelity_reason", None),
                 "divergences": [d.__dict__ | {"message": d.message, "expected_by": expected_by(d)} for d in c.divergences],
             }
         result = {
@@ -174,6 +182,7 @@ def run_against_vllm(
     if not quiet:
         _print_matrix(matrix)
         _print_verdict(verdict, counts, {case.name: case for case in cases})
+        _print_fidelity(fidelities)
     if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) == 0:
         if not quiet:
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
@@ -277,6 +286,19 @@ def _print_matrix(matrix: dict[str, dict[str, dict[str, int]]]) -> None:
     print()
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _print_fidelity(fidelities: dict[tuple[str, str], int]) -> None:
+    """How each runner was observed: its own initialize_kv_cache, or the shared-function fallback."""
+    for runner in RUNNERS:
+        own = fidelities.get((runner, "runner"), 0)
+        shared = fidelities.get((runner, "shared"), 0)
+        if own + shared == 0:
+            continue
+        line = f"  {runner.upper()}: {own} case(s) through the runner's own initialize_kv_cache"
+        if shared:
+            line += f", {shared} FELL BACK to the shared functions (fidelity_reason in the JSON report)"
+        print(line)
 
 
 EXPECTED_CASES_SHOWN = 5

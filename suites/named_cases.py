@@ -110,8 +110,8 @@ def _build() -> dict[str, CaseConfig]:
         CaseConfig(
             "tiny-mixed-heads-lbnhc",
             (
-                LayerConfig("l0", backend="FLASH_ATTN", num_kv_heads=2, head_size=8),
-                LayerConfig("l1", backend="FLASH_ATTN", num_kv_heads=4, head_size=8),
+                LayerConfig("model.layers.0.attn", backend="FLASH_ATTN", num_kv_heads=2, head_size=8),
+                LayerConfig("model.layers.1.attn", backend="FLASH_ATTN", num_kv_heads=4, head_size=8),
             ),
             block_size=16,
             num_blocks=10,
@@ -121,8 +121,8 @@ def _build() -> dict[str, CaseConfig]:
         CaseConfig(
             "tiny-mixed-heads-blhnc",
             (
-                LayerConfig("l0", backend="FLASH_ATTN", num_kv_heads=2, head_size=8),
-                LayerConfig("l1", backend="FLASH_ATTN", num_kv_heads=4, head_size=8),
+                LayerConfig("model.layers.0.attn", backend="FLASH_ATTN", num_kv_heads=2, head_size=8),
+                LayerConfig("model.layers.1.attn", backend="FLASH_ATTN", num_kv_heads=4, head_size=8),
             ),
             block_size=16,
             num_blocks=10,

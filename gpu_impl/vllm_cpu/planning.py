@@ -118,6 +118,16 @@ class Observation:
     unsupported: str | None = None
     """Why this driver could not run the case on CPU (never a vLLM verdict)."""
     shims: tuple[str, ...] = ()
+    fidelity: str = "shared"
+    """How the observation was made: ``runner`` = the runner's own ``initialize_kv_cache``
+    (``gpu_impl.vllm_cpu.runners``); ``shared`` = the shared ``v1/worker/utils.py``
+    functions called directly, a fallback where the runner cannot be built (see
+    ``fidelity_reason``)."""
+    fidelity_reason: str | None = None
+    """Why the runner's own code could not be driven for this case (``shared`` only)."""
+    bound_outside_registered: tuple[str, ...] = ()
+    """Layers whose bound cache (what the layer computes with) is not a view of the
+    storage registered for that layer (what a connector transfers)."""
 
     @property
     def ok(self) -> bool:
@@ -204,6 +214,8 @@ class _ModelConfigStandIn:
         self._head_size = first.head_size if first is not None else 128
         self.is_hybrid = any(l.kind == "mamba" for l in case.layers)
         self.hf_text_config = SimpleNamespace()
+        self.hf_config = SimpleNamespace(model_type="kvconform-case")
+        self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
 
     def get_num_attention_heads(self, parallel_config=None) -> int:
         return 4 * self._kv_heads
@@ -213,6 +225,12 @@ class _ModelConfigStandIn:
 
     def get_head_size(self) -> int:
         return self._head_size
+
+    def get_mamba_chunk_size(self) -> int:
+        return 256  # Mamba-2's chunk size (its metadata builder sizes chunk buffers with it)
+
+    def get_vocab_size(self) -> int:
+        return 256  # sizes InputBatch's token buffers only
 
 
 _CONNECTOR_NAMES = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "offloading": "OffloadingConnector"}
@@ -252,6 +270,19 @@ def _configure(case) -> Iterator[Any]:
     pc = vc.parallel_config
     pc.tensor_parallel_size = case.tensor_parallel_size
     pc.decode_context_parallel_size = case.decode_context_parallel_size
+    # --attention-backend: the target layers' explicit choice, read by vLLM's selector
+    # (and inherited, or not, by each runner's draft path).
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    saved_attention_config = vc.attention_config
+    object.__setattr__(
+        vc,
+        "attention_config",
+        replace(
+            vc.attention_config,
+            backend=AttentionBackendEnum[case.attention_backend] if case.attention_backend else None,
+        ),
+    )
     saved_model_config = vc.model_config
     saved_transfer = vc.kv_transfer_config
     saved_env = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
@@ -272,22 +303,11 @@ def _configure(case) -> Iterator[Any]:
         if saved_env is not None:
             os.environ["VLLM_KV_CACHE_LAYOUT"] = saved_env
         object.__setattr__(vc, "model_config", saved_model_config)
+        object.__setattr__(vc, "attention_config", saved_attention_config)
         object.__setattr__(vc, "kv_transfer_config", saved_transfer)
 
 
 # --- step 1: per-layer specs ------------------------------------------------------------------
-
-
-def layer_backend_name(case, layer, runner: str) -> str:
-    """Which backend a layer runs under: part of the case's meaning, not an observation.
-
-    The CPU driver does not run MRv1's ``_create_draft_vllm_config`` or MRv2's
-    ``load_eagle_model`` (they need a loaded draft model), so it takes the mapping from
-    the one place that defines it; the GPU path observes the real draft backends.
-    """
-    from reference.derive import layer_backend
-
-    return layer_backend(case, layer, runner)
 
 
 def _spec_config(vc, case, model_torch_dtype):
@@ -373,30 +393,20 @@ def _raw_spec(layer, backend_cls, spec_cfg, model_config):
 
 
 def _specs(case, runner, vc):
-    """``{layer: spec}`` as ``GPUModelRunner.get_kv_cache_spec`` returns it, plus backends."""
-    from vllm.v1.kv_cache_interface import AttentionSpec
-    from vllm.v1.worker.utils import customize_attention_spec
+    """``{layer: spec}`` for the case's layers (built as the runner's model loading
+    builds them), their backend classes and names: for drivers that plan without
+    initialising a runner (the connector drivers)."""
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
-    model_config = vc.model_config
-    spec_cfg = _spec_config(vc, case, model_config.dtype)
-    specs: dict[str, Any] = {}
-    backends: dict[str, type] = {}
-    names: dict[str, str] = {}
-    for layer in case.layers:
-        name = layer_backend_name(case, layer, runner)
-        try:
-            cls = shims.backend_class(name)
-        except shims.BackendUnavailable as exc:
-            raise _Unsupported(f"backend class not importable on CPU: {exc}") from None
-        spec = _raw_spec(layer, cls, spec_cfg, model_config)
-        if isinstance(spec, AttentionSpec):
-            spec = customize_attention_spec(cls, spec)
-        if layer.is_draft:
-            spec = replace(spec, is_draft=True)
-        specs[layer.name] = spec
-        backends[layer.name] = cls
-        names[layer.name] = name
-    return specs, backends, names
+    from gpu_impl.vllm_cpu import runners
+
+    try:
+        layers = runners.build_layers(case, runner, vc)
+    except shims.BackendUnavailable as exc:
+        raise _Unsupported(f"backend class not importable on CPU: {exc}") from None
+    specs = get_kv_cache_spec(vc)
+    backends = {name: layer.get_attn_backend() for name, layer in layers.items()}
+    return specs, backends, {name: _backend_name(layer) for name, layer in layers.items()}
 
 
 # --- the pipeline --------------------------------------------------------------------------------
@@ -482,12 +492,36 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
     import torch
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core import kv_cache_planning as planning
-    from vllm.v1.worker.utils import allocate_kv_cache, map_kv_caches_to_kernel_blocks, prepare_kernel_block_sizes
+
+    from gpu_impl.vllm_cpu import runners
 
     with _configure(case) as vc:
         with _stage("specs"):
-            specs, backends, names = _specs(case, runner, vc)
-        result["layer_backends"] = names
+            try:
+                layers = runners.build_layers(case, runner, vc)
+            except shims.BackendUnavailable as exc:
+                raise _Unsupported(f"backend class not importable on CPU: {exc}") from None
+            except runners.RunnerUnavailable as exc:
+                raise _Unsupported(str(exc)) from None
+            except AssertionError as exc:
+                if _kernel_availability_assert(exc):
+                    raise _Unsupported(f"a backend's kernels are not on this CPU machine: {_where(exc)}") from None
+                raise
+            except VLLM_ERRORS:
+                raise  # vLLM refusing the layer (e.g. fp8 on a backend that has none)
+            except Exception as exc:  # noqa: BLE001 - hardware the shims do not stand in for
+                raise _Unsupported(f"a layer could not be constructed on CPU: {_one_line(exc)}") from None
+            instance, why_not = _runner_or_reason(case, runner, vc)
+            result["fidelity"] = "runner" if instance is not None else "shared"
+            result["fidelity_reason"] = why_not
+            if instance is not None:
+                specs = instance.get_kv_cache_spec()  # the runner's own
+            else:
+                from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+
+                specs = get_kv_cache_spec(vc)
+        result["layer_backends"] = {name: _backend_name(layer) for name, layer in layers.items()}
+        backends = {name: layer.get_attn_backend() for name, layer in layers.items()}
         with _stage("layout"):
             distinct = list({cls.full_cls_name(): cls for cls in backends.values()}.values())
             supported = [layout.name for layout in get_supported_kv_cache_layouts(distinct)]
@@ -529,30 +563,136 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
                 for t in kv_cache_config.kv_cache_tensors
             ),
         )
-        with _stage("kernel_block_sizes"):
-            attn_groups = _attention_groups(kv_cache_config, backends)
-            kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)
-        result["kernel_block_sizes"] = tuple(kernel_block_sizes)
-        with _stage("allocate"):
-            kv_caches = allocate_kv_cache(kv_cache_config, torch.device("meta"), layout, kernel_block_sizes)
-        result["registered"] = {
-            name: ViewObs(
-                tuple(t.shape),
-                tuple(t.stride()),
-                _dtype_name(t.dtype),
-                t.storage_offset(),
-                t.untyped_storage().nbytes(),
-            )
-            for name, t in kv_caches.items()
-        }
         if kv_cache_config.kv_cache_groups:
             with _stage("scheduler_block_sizes"):
                 sizes = _scheduler_block_sizes(vc, kv_cache_config)
             result["cache_block_size"], result["scheduler_block_size"], result["hash_block_size"] = sizes
-        with _stage("bind"):
-            result["builder_kernel_block_sizes"] = _metadata_builder_pass(attn_groups, kernel_block_sizes)
-            bound = map_kv_caches_to_kernel_blocks(kv_caches, (g for gs in attn_groups for g in gs))
-        result["bound_shapes"] = {name: tuple(t.shape) for name, t in bound.items()}
+        if instance is not None:
+            try:
+                _initialize_through_runner(runner, instance, kv_cache_config, layers, result)
+                return
+            except _RunnerNotDriven as exc:
+                # Said in the observation and the report; the shared functions still run.
+                result["fidelity"], result["fidelity_reason"] = "shared", str(exc)
+                for key in ("kernel_block_sizes", "builder_kernel_block_sizes", "registered", "bound_shapes"):
+                    result.pop(key, None)
+            _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
+        else:
+            _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
+
+
+def _runner_or_reason(case, runner: str, vc):
+    """The runner stand-in, or (None, why it cannot be built for this case)."""
+    from gpu_impl.vllm_cpu import runners
+
+    try:
+        return runners.runner_instance(case, runner, vc, _DEVICE), None
+    except runners.RunnerUnavailable as exc:
+        return None, str(exc)
+
+
+_DEVICE = "cpu"
+"""The runners' device: builders and block tables live on CPU; the KV pool on ``meta``."""
+
+
+def _backend_name(layer) -> str:
+    return layer.get_attn_backend().get_name()
+
+
+def _view(t) -> ViewObs:
+    return ViewObs(tuple(t.shape), tuple(t.stride()), _dtype_name(t.dtype), t.storage_offset(), t.untyped_storage().nbytes())
+
+
+def _initialize_through_runner(runner, instance, kv_cache_config, layers, result) -> None:
+    """``initialize_kv_cache`` of the runner itself; observe the runner afterwards."""
+    from gpu_impl.vllm_cpu import runners
+
+    with runners.recording_transfer_group() as recorder:
+        try:
+            instance.initialize_kv_cache(kv_cache_config, kv_cache_allocation_context=runners.allocation_on_meta())
+        except VLLM_ERRORS as exc:
+            _observe_runner_state(runner, instance, layers, recorder, result)
+            raise _Failed(runners.failing_stage(exc, "initialize_kv_cache"), exc) from exc
+        except Exception as exc:  # noqa: BLE001 - the stand-in lacks what this vLLM reads
+            raise _RunnerNotDriven(f"{runner.upper()} initialize_kv_cache could not be driven: {_one_line(exc)}") from exc
+    _observe_runner_state(runner, instance, layers, recorder, result)
+
+
+def _kernel_availability_assert(exc: AssertionError) -> bool:
+    """A bare ``assert`` in a backend impl's constructor: it checks its compiled kernels
+    (e.g. b12x's ``paged_attention.is_supported()``), not the configuration."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = frames[-1] if frames else None
+    return not str(exc) and last is not None and "/v1/attention/backends/" in last.filename and last.name == "__init__"
+
+
+def _where(exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return type(exc).__name__
+    last = frames[-1]
+    return f"{last.filename.split('site-packages/')[-1]}:{last.lineno}: {last.line}"
+
+
+class _RunnerNotDriven(Exception):
+    """The runner's own code failed for a harness reason (a changed API, a missing attribute)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _observe_runner_state(runner, instance, layers, recorder, result) -> None:
+    """Whatever the runner had set up (all of it after a success, a prefix after a refusal)."""
+    from gpu_impl.vllm_cpu import runners
+
+    with contextlib.suppress(AttributeError, TypeError):
+        result["kernel_block_sizes"] = runners.kernel_block_sizes(runner, instance)
+    own, draft = runners.attention_groups(runner, instance)
+    builders = runners.builder_block_sizes(own)
+    builders.update(runners.builder_block_sizes(draft))
+    if builders:
+        result["builder_kernel_block_sizes"] = builders
+    if recorder.registered is not None:
+        result["registered"] = {name: _view(t) for name, t in recorder.registered.items()}
+        bound = runners.bound_caches(layers)
+        result["bound_shapes"] = {name: tuple(ts[0].shape) for name, ts in bound.items()}
+        result["bound_outside_registered"] = _bound_outside_registered(bound, recorder.registered)
+
+
+def _bound_outside_registered(bound, registered) -> tuple[str, ...]:
+    """Layers whose bound cache is not a view of the storage registered for that layer."""
+    from gpu_impl.vllm_cpu import runners
+
+    bad = []
+    for name, tensors in bound.items():
+        reg = registered.get(name)
+        if reg is None or not all(runners.same_storage(t, reg) for t in tensors):
+            bad.append(name)
+    return tuple(sorted(bad))
+
+
+def _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result) -> None:
+    """The fallback where a runner cannot be built: the shared ``v1/worker/utils.py`` functions."""
+    import torch
+    from vllm.v1.worker.utils import allocate_kv_cache, map_kv_caches_to_kernel_blocks, prepare_kernel_block_sizes
+
+    with _stage("kernel_block_sizes"):
+        attn_groups = _attention_groups(kv_cache_config, backends)
+        kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)
+    result["kernel_block_sizes"] = tuple(kernel_block_sizes)
+    with _stage("allocate"):
+        kv_caches = allocate_kv_cache(kv_cache_config, torch.device("meta"), layout, kernel_block_sizes)
+    result["registered"] = {name: _view(t) for name, t in kv_caches.items()}
+    with _stage("bind"):
+        result["builder_kernel_block_sizes"] = _metadata_builder_pass(attn_groups, kernel_block_sizes)
+        bound = map_kv_caches_to_kernel_blocks(kv_caches, (g for gs in attn_groups for g in gs))
+    result["bound_shapes"] = {name: tuple(t.shape) for name, t in bound.items()}
 
 
 def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observation:

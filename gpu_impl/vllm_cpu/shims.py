@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import warnings
+from types import SimpleNamespace
 from typing import Iterator
 
 # Environment set before ``import vllm`` (setdefault: an explicit user value wins,
@@ -117,6 +118,137 @@ def _patch_platform() -> None:
     )
 
 
+_declared_backend: list[str | None] = [None]
+
+
+@contextlib.contextmanager
+def declared_autoselection(backend: str | None) -> Iterator[None]:
+    """While a layer is built, the platform's *auto*-selection answers ``backend``.
+
+    A real platform picks a backend from its GPU (``CudaPlatform.get_attn_backend_cls``
+    walks a per-capability priority list); the virtual target declares the answer per
+    layer instead. An explicit backend (``--attention-backend``, the speculative
+    config's) reaches the platform through vLLM's own config code and is honoured as is.
+    """
+    previous = _declared_backend[0]
+    _declared_backend[0] = backend
+    try:
+        yield
+    finally:
+        _declared_backend[0] = previous
+
+
+def _patch_attention_selection(cls) -> None:
+    def get_attn_backend_cls(c, selected_backend, attn_selector_config=None, num_heads=None, **_):
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        if selected_backend is not None:
+            return selected_backend.get_path()
+        declared = _declared_backend[0]
+        if declared is None:
+            raise ValueError("no backend declared for auto-selection on the virtual target")
+        backend_class(declared)  # import shims, and a clear BackendUnavailable
+        return AttentionBackendEnum[declared].get_path()
+
+    cls.get_attn_backend_cls = classmethod(get_attn_backend_cls)
+    _applied.append(
+        f"{cls.__name__}.get_attn_backend_cls: an explicit backend as given; auto-selection -> "
+        "the backend the case declares for the layer (a real platform picks by GPU)"
+    )
+
+
+def _patch_device_properties() -> None:
+    import torch
+
+    def get_device_properties(device=None):
+        major, minor = _capability
+        return SimpleNamespace(
+            name="virtual GPU", major=major, minor=minor, multi_processor_count=132,
+            total_memory=80 << 30, L2_cache_size=50 << 20, warp_size=32,
+        )
+
+    torch.cuda.get_device_properties = get_device_properties
+    _applied.append("torch.cuda.get_device_properties -> the virtual GPU (the case's capability, 132 SMs)")
+
+
+@contextlib.contextmanager
+def cuda_on_meta(*, all_devices: bool = False) -> Iterator[None]:
+    """Tensors created for a CUDA device (or, with ``all_devices``, any device) land on ``meta``.
+
+    Layers and metadata builders allocate scratch on the GPU at construction; the KV
+    cache pool is allocated through the runners' ``kv_cache_allocation_context`` hook.
+    Device memory is what the hardware provides: its contents are never read here.
+    """
+    from torch.overrides import TorchFunctionMode
+
+    class CudaOnMeta(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            device = kwargs.get("device")
+            if device is not None and (all_devices or str(device).startswith("cuda")):
+                kwargs["device"] = "meta"
+                kwargs.pop("pin_memory", None)
+            return func(*args, **kwargs)
+
+    import torch
+
+    real_index = torch.accelerator.current_device_index
+    torch.accelerator.current_device_index = lambda: 0  # the virtual GPU is device 0
+    try:
+        with CudaOnMeta():
+            yield
+    finally:
+        torch.accelerator.current_device_index = real_index
+
+
+def _patch_flash_attn_kernels() -> None:
+    # vllm.vllm_flash_attn wraps the compiled FA2/FA3 kernels (_vllm_fa2_C, _vllm_fa3_C),
+    # which a CPU wheel cannot load; fa_utils.get_flash_attn_version asks it which
+    # versions this GPU runs. The virtual target runs FA2 everywhere and FA3 on SM90
+    # (what vLLM's CUDA wheel ships), never FA4: the answers a real H100 gives.
+    import types
+
+    name = "vllm.vllm_flash_attn.flash_attn_interface"
+    try:
+        __import__(name)
+        return  # the real kernels are here: nothing to stand in for
+    except ImportError:
+        pass
+    package = types.ModuleType("vllm.vllm_flash_attn")
+    package.__path__ = []  # a package, so the submodule import resolves
+    interface = types.ModuleType(name)
+
+    def fa_version_unsupported_reason(version, device=None):
+        if version == 2 or (version == 3 and _capability[0] == 9):
+            return None
+        return f"FA{version} kernels are not on the virtual SM{_capability[0]}{_capability[1]} target"
+
+    interface.fa_version_unsupported_reason = fa_version_unsupported_reason
+    interface.is_fa_version_supported = lambda version, device=None: fa_version_unsupported_reason(version) is None
+    package.flash_attn_interface = interface
+    sys.modules.setdefault("vllm.vllm_flash_attn", package)
+    sys.modules[name] = interface
+    _applied.append(f"{name}: FA2 everywhere, FA3 on SM90, no FA4 (the compiled kernels cannot load on CPU)")
+
+
+@contextlib.contextmanager
+def decode_context_parallel_group(world_size: int) -> Iterator[None]:
+    """Attention impls read their DCP world size from the DCP process group at
+    construction; the case's rank 0 of ``world_size`` stands in for it."""
+    import vllm.distributed.parallel_state as ps
+
+    real = ps.get_dcp_world_size_and_rank
+
+    def get_dcp_world_size_and_rank(*args, **kwargs):
+        return (world_size, 0) if world_size > 1 else real(*args, **kwargs)
+
+    ps.get_dcp_world_size_and_rank = get_dcp_world_size_and_rank
+    try:
+        yield
+    finally:
+        ps.get_dcp_world_size_and_rank = real
+
+
 def _patch_flashinfer_artifactory() -> None:
     # supports_trtllm_attention() probes NVIDIA's artifactory over the network (5 s
     # timeout). The virtual SM100 target is modelled as a machine that has the
@@ -157,6 +289,11 @@ def apply() -> list[str]:
         import vllm  # noqa: F401  (after the env vars)
 
         _patch_platform()
+        from vllm.platforms import current_platform
+
+        _patch_attention_selection(type(current_platform))
+        _patch_device_properties()
+        _patch_flash_attn_kernels()
         _patch_flashinfer_artifactory()
         _patch_pin_memory()
         _applied.append(
@@ -263,7 +400,10 @@ __all__ = [
     "applied_shims",
     "apply",
     "backend_class",
+    "cuda_on_meta",
     "current_capability",
+    "declared_autoselection",
+    "decode_context_parallel_group",
     "fake_capability",
     "prepare_env",
     "set_capability",

@@ -61,7 +61,4 @@ def test_mooncake_worker_registration_across_layouts():
 
     cases = ["flashinfer-b128-k64", "dense-fa-b128-lhbnc", "mla-gqa-draft-b64-blhnc", "mla-flashinfer-draft-mooncake", "swa-hybrid-padded", "mamba-hybrid", "tiny-mixed-heads-lbnhc"]
     report = validate_registration("gpu_impl.connectors.mooncake:MooncakeAdapter", cases=cases, runners=("mrv1",))
-    assert set(report.passed_cases) == set(cases) - {"tiny-mixed-heads-lbnhc"}, report.format()
-    # Mooncake derives layer indices from names (extract_layer_index): "l0" has none.
-    (div,) = report.for_case("tiny-mixed-heads-lbnhc")
-    assert div.field == "register" and "should only contain one integer" in div.message
+    assert set(report.passed_cases) == set(cases), report.format()

@@ -125,15 +125,16 @@ def test_tiny_uniform_blhnc_and_lhbnc() -> None:
 
 def test_mixed_heads_one_uniform_type_group() -> None:
     # Research [run]: H=2 and H=4 -> pages 1024 and 2048, one UniformType group, bpb 3072.
-    # LBNHC tensors (['l0'], ls=10240, bs=1024, off=0) and (['l1'], ls=20480, bs=2048, off=10240).
+    # LBNHC tensors ([layer 0], ls=10240, bs=1024, off=0) and ([layer 1], ls=20480, bs=2048, off=10240).
     d = derive(CASES["tiny-mixed-heads-lbnhc"])
     assert len(d.groups) == 1
     assert d.plan.bytes_per_block == 3072
     got = [(t.layers, t.layer_stride, t.block_stride, t.offset) for t in d.plan.tensors]
-    assert got == [(("l0",), 10240, 1024, 0), (("l1",), 20480, 2048, 10240)]
+    l0, l1 = ("model.layers.0.attn",), ("model.layers.1.attn",)
+    assert got == [(l0, 10240, 1024, 0), (l1, 20480, 2048, 10240)]
     blhnc = derive(CASES["tiny-mixed-heads-blhnc"])
     got = [(t.layers, t.layer_stride, t.block_stride, t.offset) for t in blhnc.plan.tensors]
-    assert got == [(("l0",), 1024, 3072, 0), (("l1",), 2048, 3072, 1024)]
+    assert got == [(l0, 1024, 3072, 0), (l1, 2048, 3072, 1024)]
 
 
 def test_mla_target_with_gqa_draft_example_b() -> None:

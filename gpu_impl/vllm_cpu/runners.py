@@ -1,0 +1,493 @@
+"""Each model runner's own KV-cache initialisation, driven on a CPU-only machine.
+
+``drive(case, runner, vc, result)`` builds what a loaded model leaves behind (the
+case's attention layers registered in the config's ``static_forward_context``, the
+drafter or speculator), then runs the runner's own entry points:
+
+- MRv1 (``vllm/v1/worker/gpu_model_runner.py``): ``GPUModelRunner.get_kv_cache_spec``,
+  then ``GPUModelRunner.initialize_kv_cache(kv_cache_config)``: attention-group
+  discovery, ``prepare_kernel_block_sizes``, the real metadata builders, the
+  drafter's ``initialize_attn_backend`` (``llm_base_proposer.py``), the ``InputBatch``
+  rebuild, allocation and binding, and ``register_kv_caches`` on the KV transfer group;
+- MRv2 (``vllm/v1/worker/gpu/model_runner.py``): its ``get_kv_cache_spec``, then its
+  ``initialize_kv_cache``: ``attn_utils.init_attn_backend``, the ``BlockTables`` it
+  constructs, the speculator's ``set_attn`` and ``attn_utils.init_kv_cache``, and
+  ``get_kv_connector`` (``ActiveKVConnector`` registers the caches).
+
+The runner instances are made with ``__new__`` and carry the attributes those methods
+read (values built from the same ``VllmConfig``), the way vLLM's own unit tests build
+runner stand-ins: the constructors allocate CUDA streams and pinned buffers.
+
+Layers: ``full`` / ``sliding_window`` / ``chunked_local`` / ``cross`` / ``sink_full``
+layers are real vLLM layer objects built by their own constructors (which select
+their backend through ``vllm.v1.attention.selector.get_attn_backend``); MLA and
+state-space layers are instances of the real classes carrying the attributes their
+``get_kv_cache_spec`` / ``bind_kv_cache`` read (their constructors need projection
+weights and CUDA kernels), with the backend chosen by the same selector call their
+constructors make. Draft layers are built under the config each runner's own draft
+path produces: MRv1 ``LLMBaseProposer._create_draft_vllm_config``, MRv2
+``SpeculativeConfig.apply_draft_overrides`` (from ``load_eagle_model``). So which
+backend a draft runs under is observed, never supplied.
+
+What stands in for hardware (``shims``): the platform's backend *auto*-selection
+answers with the case's declared backend for that layer (a real platform picks by
+its GPU; an explicit ``--attention-backend`` goes through vLLM's config unchanged),
+CUDA allocations made while layers and builders are constructed land on ``meta``,
+and device properties report the case's virtual GPU. The KV cache itself is
+allocated on ``meta`` through the runners' ``kv_cache_allocation_context`` hook.
+
+Nothing here imports the reference beyond the case description.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+from gpu_impl.vllm_cpu import shims
+
+MAX_NUM_REQS = 4
+"""The runners' ``max_num_reqs`` (``--max-num-seqs``): sizes block tables and builder scratch."""
+MAX_NUM_TOKENS = 256
+"""``max_num_batched_tokens``: sizes the slot-mapping buffers."""
+MLA_ROPE_DIM = 64
+"""An MLA case's head size is ``kv_lora_rank + rope``; the rope part, as DeepSeek-V3's."""
+Q_HEADS_PER_KV_HEAD = 4
+"""A case has no query-head count; every driver (and the model-config stand-in) uses 4."""
+
+
+class RunnerUnavailable(Exception):
+    """This runner's own code cannot be built for the case on CPU (the reason says why)."""
+
+
+# --- the config each runner's draft path builds --------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _DraftBase:
+    """The three sub-configs ``_create_draft_vllm_config`` / ``apply_draft_overrides``
+    read and replace (``dataclasses.replace`` of a whole VllmConfig re-validates the
+    model config, which this driver replaces by a stand-in)."""
+
+    attention_config: Any = None
+    cache_config: Any = None
+    kernel_config: Any = None
+
+
+def _speculative_stand_in(case) -> SimpleNamespace:
+    """The ``SpeculativeConfig`` fields the draft-config builders read (parsed as vLLM parses them)."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    backend = SpeculativeConfig._parse_attention_backend(case.speculative_attention_backend)
+    return SimpleNamespace(attention_backend=backend, moe_backend=None, kv_cache_dtype=None, enforce_eager=True)
+
+
+def draft_sub_configs(case, runner: str, vc) -> _DraftBase:
+    """The attention / cache / kernel config a runner's draft path loads the draft under."""
+    base = _DraftBase(vc.attention_config, vc.cache_config, vc.kernel_config)
+    spec = _speculative_stand_in(case)
+    if runner == "mrv1":
+        from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+        proposer = SimpleNamespace(speculative_config=spec, vllm_config=base)
+        return SpecDecodeBaseProposer._create_draft_vllm_config(proposer)
+    from vllm.config.speculative import SpeculativeConfig
+
+    return SpeculativeConfig.apply_draft_overrides(spec, base)
+
+
+@contextlib.contextmanager
+def _sub_configs(vc, subs: _DraftBase) -> Iterator[None]:
+    saved = (vc.attention_config, vc.cache_config, vc.kernel_config)
+    for name in ("attention_config", "cache_config", "kernel_config"):
+        object.__setattr__(vc, name, getattr(subs, name))
+    try:
+        yield
+    finally:
+        for name, value in zip(("attention_config", "cache_config", "kernel_config"), saved):
+            object.__setattr__(vc, name, value)
+
+
+# --- the model's layers ------------------------------------------------------------------------
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16,
+            "float16": torch.float16, "float": torch.float32, "float32": torch.float32}[name]
+
+
+def _select(layer, **selector_args):
+    """vLLM's selector, as the layer's constructor calls it, with autoselection declared by the case."""
+    from vllm.v1.attention.selector import _cached_get_attn_backend, get_attn_backend
+
+    _cached_get_attn_backend.cache_clear()  # the declared answer differs per layer
+    with shims.declared_autoselection(layer.backend):
+        return get_attn_backend(**selector_args)
+
+
+def _build_layer(layer, cache_config, vc):
+    """One layer of the case, registered in ``static_forward_context`` under its name."""
+    import torch
+    from torch import nn
+
+    kind = layer.kind
+    heads = Q_HEADS_PER_KV_HEAD * layer.num_kv_heads
+    fc = vc.compilation_config.static_forward_context
+    layer_cache = dataclasses.replace(cache_config, cache_dtype=layer.cache_dtype)
+    if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full"):
+        from vllm.model_executor.layers.attention.attention import Attention
+
+        common = dict(num_kv_heads=layer.num_kv_heads, cache_config=layer_cache, prefix=layer.name)
+        scale = layer.head_size**-0.5
+        with shims.declared_autoselection(layer.backend):
+            from vllm.v1.attention.selector import _cached_get_attn_backend
+
+            _cached_get_attn_backend.cache_clear()
+            if kind == "chunked_local":
+                from vllm.model_executor.layers.attention.chunked_local_attention import ChunkedLocalAttention
+
+                return ChunkedLocalAttention(heads, layer.head_size, scale, layer.attention_chunk_size, **common)
+            if kind == "cross":
+                from vllm.model_executor.layers.attention.cross_attention import CrossAttention
+
+                return CrossAttention(heads, layer.head_size, scale, **common)
+            if kind == "sink_full":
+                from vllm.model_executor.layers.attention.static_sink_attention import StaticSinkAttention
+
+                return StaticSinkAttention(heads, layer.head_size, scale, layer.sink_len, **common)
+            extra = {}
+            if layer.head_size_v is not None and layer.head_size_v != layer.head_size:
+                extra["head_size_v"] = layer.head_size_v
+            return Attention(
+                heads,
+                layer.head_size,
+                scale,
+                per_layer_sliding_window=layer.sliding_window if kind == "sliding_window" else None,
+                **common,
+                **extra,
+            )
+    if kind in ("mla", "sliding_window_mla"):
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+
+        backend = _select(
+            layer,
+            head_size=layer.head_size,
+            dtype=torch.get_default_dtype(),
+            kv_cache_dtype=layer.cache_dtype,
+            use_mla=True,
+            num_heads=heads,
+        )
+        obj = MLAAttention.__new__(MLAAttention)
+        nn.Module.__init__(obj)
+        for name, value in dict(
+            attn_backend=backend,
+            kv_cache_dtype=layer.cache_dtype,
+            head_size=layer.head_size,
+            num_heads=heads,
+            num_kv_heads=1,
+            sliding_window=layer.sliding_window if kind == "sliding_window_mla" else None,
+            topk_buffer_width=None,
+            indexer=None,
+            non_causal_multi_token_decode=False,
+            # The latent geometry the MLA metadata builders read (DeepSeek-V3's
+            # split of the case's head size: rope 64, the rest the latent rank).
+            q_lora_rank=None,
+            kv_lora_rank=layer.head_size - MLA_ROPE_DIM,
+            qk_rope_head_dim=MLA_ROPE_DIM,
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            layer_name=layer.name,
+            kv_cache=torch.tensor([]),
+        ).items():
+            object.__setattr__(obj, name, value)
+        fc[layer.name] = obj
+        return obj
+    if kind == "mamba":
+        return _state_space_layer(layer, fc)
+    raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
+
+
+def _state_space_layer(layer, fc):
+    import torch
+    from torch import nn
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+    if layer.backend not in shims.MAMBA_BACKENDS:
+        raise RunnerUnavailable(f"layer {layer.name!r}: {layer.backend} is not a state-space backend")
+    shapes = tuple(tuple(s) for s in layer.mamba_shapes)
+    dtypes = tuple(getattr(torch, d) for d in (layer.mamba_dtypes or ("bfloat16",) * len(shapes)))
+    mamba_type = MambaAttentionBackendEnum[shims.MAMBA_BACKENDS[layer.backend]]
+
+    class CaseStateLayer(MambaBase):
+        """A state-space layer with the case's state shapes (MambaBase's own spec and binding)."""
+
+        def get_state_shape(self):
+            return shapes
+
+        def get_state_dtype(self):
+            return dtypes
+
+        @property
+        def mamba_type(self):
+            return mamba_type
+
+        @property
+        def is_kv_cache_tp_replicated(self):
+            return False
+
+    obj = CaseStateLayer()
+    obj.prefix = layer.name
+    obj.kv_cache = ()
+    fc[layer.name] = obj
+    return obj
+
+
+def build_layers(case, runner: str, vc) -> dict[str, Any]:
+    """The case's layers as the loaded model (and drafter) leave them, by name."""
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    fc = vc.compilation_config.static_forward_context
+    fc.clear()
+    built: dict[str, Any] = {}
+    draft = draft_sub_configs(case, runner, vc) if any(l.is_draft for l in case.layers) else None
+    dcp = shims.decode_context_parallel_group(case.decode_context_parallel_size)
+    with shims.cuda_on_meta(), dcp, set_default_torch_dtype(_torch_dtype(case.model_dtype)):
+        for layer in case.layers:
+            subs = draft if layer.is_draft else _DraftBase(vc.attention_config, vc.cache_config, vc.kernel_config)
+            with _sub_configs(vc, subs):
+                obj = _build_layer(layer, subs.cache_config, vc)
+            if layer.is_draft:
+                # LLMBaseProposer.load_model / DraftModelSpeculator.load_model tag them.
+                obj.is_draft_layer = True
+            elif not hasattr(obj, "is_draft_layer"):
+                obj.is_draft_layer = False
+            built[layer.name] = obj
+    return built
+
+
+# --- runner stand-ins ----------------------------------------------------------------------------
+
+
+def _mrv1_runner(case, vc, device):
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+    from vllm.v1.worker.block_table import SlotMappingMode
+    from vllm.v1.worker.gpu_input_batch import InputBatch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    r = GPUModelRunner.__new__(GPUModelRunner)
+    drafts = {l.name for l in case.layers if l.is_draft}
+    attrs = dict(
+        vllm_config=vc,
+        model_config=vc.model_config,
+        cache_config=vc.cache_config,
+        compilation_config=vc.compilation_config,
+        parallel_config=vc.parallel_config,
+        scheduler_config=vc.scheduler_config,
+        speculative_config=None,
+        device=device,
+        max_num_reqs=MAX_NUM_REQS,
+        max_num_tokens=MAX_NUM_TOKENS,
+        max_model_len=case.max_model_len,
+        max_encoder_len=0,
+        num_spec_tokens=len(drafts) and 1,
+        uniform_decode_query_len=1 + (len(drafts) and 1),
+        is_pooling_model=False,
+        kv_cache_dtype=None,
+        kv_caches=[],
+        attn_groups=[],
+        shared_kv_cache_layers={},
+        kv_sharing_fast_prefill_eligible_layers=set(),
+        runner_only_attn_layers=set(),
+        cudagraph_dispatcher=CudagraphDispatcher(vc),
+        reorder_batch_threshold=None,
+        # GPUModelRunner.__init__'s placeholder InputBatch (rebuilt by
+        # may_reinitialize_input_batch once the real block sizes are known).
+        _init_block_sizes=[vc.cache_config.block_size],
+        _init_max_num_blocks=[1],
+        _init_slot_mapping_modes=[SlotMappingMode.TOKEN_TO_KV_SLOT],
+        cp_kv_cache_interleave_size=vc.parallel_config.cp_kv_cache_interleave_size,
+        jit_warmup_registry=_NullWarmup(),
+    )
+    for name, value in attrs.items():
+        setattr(r, name, value)
+    r.input_batch = SimpleNamespace(logitsprocs=None, logitsprocs_need_output_token_ids=False)
+    if drafts:
+        r.speculative_config = _mrv1_speculative_config(case)
+        r.drafter = _mrv1_drafter(case, vc, device, drafts)
+    return r
+
+
+def _mrv2_runner(case, vc, device):
+    raise RunnerUnavailable("MRv2's initialize_kv_cache is not driven on CPU yet")
+
+
+class _NullWarmup:
+    """``jit_warmup_registry``: JIT warm-up providers compile CUDA kernels; none are captured."""
+
+    def activate(self):
+        return contextlib.nullcontext()
+
+
+def _mrv1_speculative_config(case):
+    spec = _speculative_stand_in(case)
+    spec.use_eagle = lambda: True
+    spec.uses_draft_model = lambda: False
+    spec.uses_extract_hidden_states = lambda: False
+    return spec
+
+
+def _mrv1_drafter(case, vc, device, drafts):
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+    from vllm.v1.spec_decode.eagle import EagleProposer
+
+    d = EagleProposer.__new__(EagleProposer)
+    d.vllm_config = vc
+    d.speculative_config = _mrv1_speculative_config(case)
+    d.device = device
+    d._draft_attn_layer_names = set(drafts)
+    d.cudagraph_dispatcher = CudagraphDispatcher(vc)
+    d.draft_attn_groups = []
+    return d
+
+
+# --- the KV transfer group ---------------------------------------------------------------------------
+
+
+class RecordingConnector:
+    """Installed as vLLM's KV transfer group: keeps what ``register_kv_caches`` receives."""
+
+    def __init__(self) -> None:
+        self.registered: dict[str, Any] | None = None
+        self.calls = 0
+
+    def register_kv_caches(self, kv_caches) -> None:
+        self.calls += 1
+        self.registered = dict(kv_caches)
+
+    def set_host_xfer_buffer_ops(self, copy_operation) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def recording_transfer_group() -> Iterator[RecordingConnector]:
+    import vllm.distributed.kv_transfer.kv_transfer_state as state
+
+    recorder = RecordingConnector()
+    saved = state._KV_CONNECTOR_AGENT
+    state._KV_CONNECTOR_AGENT = recorder
+    try:
+        yield recorder
+    finally:
+        state._KV_CONNECTOR_AGENT = saved
+
+
+# --- observation -----------------------------------------------------------------------------------
+
+
+_STAGE_OF_FUNCTION = {
+    "get_kv_cache_spec": "specs",
+    "initialize_attn_backend": "attention_groups",
+    "init_attn_backend": "attention_groups",
+    "_check_and_update_cudagraph_mode": "attention_groups",
+    "prepare_kernel_block_sizes": "kernel_block_sizes",
+    "select_common_block_size": "kernel_block_sizes",
+    "create_metadata_builders": "builders",
+    "initialize_metadata_builders": "builders",
+    "set_attn": "builders",
+    "may_reinitialize_input_batch": "block_tables",
+    "BlockTables": "block_tables",
+    "allocate_kv_cache": "allocate",
+    "create_kv_cache_views": "allocate",
+    "map_kv_caches_to_kernel_blocks": "bind",
+    "map_kv_cache_to_kernel_blocks": "bind",
+    "bind_kv_cache": "bind",
+    "bind_kv_cache_to_layers": "bind",
+    "register_kv_caches": "register",
+}
+
+
+def failing_stage(exc: BaseException, default: str) -> str:
+    """The pipeline stage of the innermost vLLM function in the traceback that names one."""
+    import traceback
+
+    stage = default
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if "vllm" in frame.filename and frame.name in _STAGE_OF_FUNCTION:
+            stage = _STAGE_OF_FUNCTION[frame.name]
+    return stage
+
+
+def runner_instance(case, runner: str, vc, device):
+    if runner == "mrv1":
+        return _mrv1_runner(case, vc, device)
+    return _mrv2_runner(case, vc, device)
+
+
+def attention_groups(runner: str, instance) -> tuple[list[Any], list[Any]]:
+    """(the runner's own attention groups, the drafter's / speculator's), flattened."""
+    own = [g for groups in instance.attn_groups for g in groups]
+    if runner == "mrv1":
+        drafter = getattr(instance, "drafter", None)
+        return own, list(getattr(drafter, "draft_attn_groups", []) or [])
+    speculator = getattr(instance, "speculator", None)
+    return own, [g for groups in (getattr(speculator, "attn_groups", None) or []) for g in groups]
+
+
+def kernel_block_sizes(runner: str, instance) -> tuple[int, ...]:
+    return tuple(instance._kernel_block_sizes if runner == "mrv1" else instance.kernel_block_sizes)
+
+
+def builder_block_sizes(groups) -> dict[str, int]:
+    """Per attention layer: the block size of the spec its metadata builder was constructed with."""
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    out: dict[str, int] = {}
+    for group in groups:
+        if not isinstance(group.kv_cache_spec, AttentionSpec):
+            continue  # state-space builders keep the manager block (never split)
+        builders = getattr(group, "metadata_builders", None) or []
+        if not builders:
+            continue
+        spec = getattr(builders[0], "kv_cache_spec", None)
+        size = getattr(spec, "block_size", None)
+        if size is not None:
+            out.update(dict.fromkeys(group.layer_names, int(size)))
+    return out
+
+
+def bound_caches(layers: dict[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """The tensors each layer computes with after ``bind_kv_cache`` (a tuple per layer)."""
+    import torch
+
+    out: dict[str, tuple[Any, ...]] = {}
+    for name, layer in layers.items():
+        cache = getattr(layer, "kv_cache", None)
+        if isinstance(cache, torch.Tensor):
+            tensors = (cache,) if cache.numel() or cache.dim() > 1 else ()
+        elif isinstance(cache, (list, tuple)):
+            tensors = tuple(t for t in cache if isinstance(t, torch.Tensor))
+        else:
+            tensors = ()
+        if tensors:
+            out[name] = tensors
+    return out
+
+
+def same_storage(a, b) -> bool:
+    """Whether two tensors are views of one storage (works for ``meta`` tensors too)."""
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+
+
+def allocation_on_meta():
+    """The ``kv_cache_allocation_context`` both runners accept: the pool lands on ``meta``."""
+    return shims.cuda_on_meta(all_devices=True)
+
+
+__all__ = ["MAX_NUM_REQS", "MAX_NUM_TOKENS", "RunnerUnavailable", "build_layers", "draft_sub_configs"]
