@@ -1,0 +1,63 @@
+"""Observe, never supply: the drivers under ``gpu_impl/`` read the case description from
+``reference/`` (``reference.config``, ``reference.errors``) and nothing else of it.
+
+An import of ``reference.derive``, views, planning, block tables or legacy from a driver
+would let a prediction leak into what is reported as observed (as the draft's attention
+backend once did through ``reference.derive.layer_backend``).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ALLOWED = {"reference", "reference.config", "reference.errors"}
+
+PREDICTION_CODE_STILL_IN_THE_GPU_TREE = {
+    # The GPU check's own verdict and byte predictions, to move into reference/ and
+    # conformance/ (issue 11, "the reference is the only predictor"). Each entry must
+    # still need its exemption, so the list can only shrink.
+    "gpu_impl/cuda/addresses.py",
+    "gpu_impl/cuda/connector.py",
+    "gpu_impl/cuda/summary.py",
+}
+
+
+def _reference_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "reference":
+                found |= {f"reference.{alias.name}" for alias in node.names}
+            elif node.module.startswith("reference."):
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "reference"}
+    return found
+
+
+def _violations() -> dict[str, set[str]]:
+    out = {}
+    for path in sorted((ROOT / "gpu_impl").rglob("*.py")):
+        bad = _reference_imports(path) - ALLOWED
+        if bad:
+            out[str(path.relative_to(ROOT))] = bad
+    return out
+
+
+def test_drivers_import_only_the_case_description_from_the_reference() -> None:
+    violations = {p: sorted(m) for p, m in _violations().items() if p not in PREDICTION_CODE_STILL_IN_THE_GPU_TREE}
+    assert violations == {}, f"gpu_impl/ modules import reference internals: {violations}"
+
+
+def test_every_exemption_is_still_needed() -> None:
+    stale = sorted(PREDICTION_CODE_STILL_IN_THE_GPU_TREE - set(_violations()))
+    assert stale == [], f"no longer import reference internals (drop them from the exemption list): {stale}"
+
+
+def test_the_check_sees_a_planted_import(tmp_path: Path) -> None:
+    planted = tmp_path / "driver.py"
+    planted.write_text("from reference.derive import layer_backend\nfrom reference import views\nfrom reference.config import CaseConfig\n")
+    assert _reference_imports(planted) - ALLOWED == {"reference.derive", "reference.views"}
