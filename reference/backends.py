@@ -121,6 +121,14 @@ class BackendInfo:
     legacy: LegacyLayout | None = None
     require_block_multiple_of_16: bool = False
     """``customize_spec`` raises "Block size must be a multiple of 16." (ROCM_AITER_FA)."""
+    returns_lse_for_decode: bool = False
+    """The impl's ``can_return_lse_for_decode`` (``v1/attention/backend.py``): DCP needs it
+    (``v1/worker/cp_utils.py: check_attention_cp_compatibility``). True for FLASH_ATTN,
+    FLASHINFER and every MLA backend in 0.33.0; see ``returns_lse``."""
+
+    @property
+    def returns_lse(self) -> bool:
+        return self.returns_lse_for_decode or self.is_mla or self.name in ("FLASH_ATTN", "FLASHINFER")
 
     def _variant(self, spec: AttentionSpec | None, capability: tuple[int, int], gqa: bool) -> Variant | None:
         for v in self.variants:

@@ -318,6 +318,24 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
         raise NotModeledError("KV connectors under DCP are checked by VllmConfig validation, not modeled")
 
 
+def _check_decode_context_parallel_backends(case: CaseConfig, backends: dict[str, str]) -> None:
+    """Both runners' ``check_attention_cp_compatibility`` (``v1/worker/cp_utils.py``): under
+    DCP every attention impl must return the softmax LSE during decode."""
+    if case.decode_context_parallel_size <= 1:
+        return
+    for layer in case.layers:
+        if layer.kind == "mamba":
+            continue
+        backend = backends[layer.name]
+        if not bk.BACKENDS[backend].returns_lse:
+            raise StartupError(
+                "Decode Context Parallelism (DCP) requires attention implementations to return the "
+                f"softmax LSE during decode, but the {backend} implementation does not. Try a different "
+                "backend by setting --attention-backend or disable DCP.",
+                where="vllm.v1.worker.cp_utils.check_attention_cp_compatibility",
+            )
+
+
 def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     """Run the reference pipeline; raises ConfigError, StartupError or NotModeledError."""
     if runner not in ("mrv1", "mrv2"):
@@ -331,6 +349,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     # Grouping may rescale block sizes; the per-layer specs that matter from here on are
     # the grouped ones.
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
+    _check_decode_context_parallel_backends(case, backends)
     kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends)
     views: dict[str, TensorView] = {}
     geometry: dict[str, tuple] = {}

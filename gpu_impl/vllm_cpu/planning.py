@@ -682,6 +682,12 @@ def _initialize_through_shared_functions(kv_cache_config, layout, backends, laye
     import torch
     from vllm.v1.worker.utils import allocate_kv_cache, map_kv_caches_to_kernel_blocks, prepare_kernel_block_sizes
 
+    with _stage("attention_groups"):
+        # Both runners' initialize_kv_cache call it (MRv1 in initialize_attn_backend).
+        from vllm.config import get_current_vllm_config
+        from vllm.v1.worker.cp_utils import check_attention_cp_compatibility
+
+        check_attention_cp_compatibility(get_current_vllm_config())
     with _stage("kernel_block_sizes"):
         attn_groups = _attention_groups(kv_cache_config, backends)
         kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)
