@@ -205,7 +205,7 @@ def _patch_flash_attn_kernels() -> None:
     # vllm.vllm_flash_attn wraps the compiled FA2/FA3 kernels (_vllm_fa2_C, _vllm_fa3_C),
     # which a CPU wheel cannot load; fa_utils.get_flash_attn_version asks it which
     # versions this GPU runs. The virtual target runs FA2 everywhere and FA3 on SM90
-    # (what vLLM's CUDA wheel ships), never FA4: the answers a real H100 gives.
+    # and FA4 on SM100 (what vLLM's CUDA wheel ships for H100 / B200).
     import types
 
     name = "vllm.vllm_flash_attn.flash_attn_interface"
@@ -219,7 +219,7 @@ def _patch_flash_attn_kernels() -> None:
     interface = types.ModuleType(name)
 
     def fa_version_unsupported_reason(version, device=None):
-        if version == 2 or (version == 3 and _capability[0] == 9):
+        if version == 2 or (version == 3 and _capability[0] == 9) or (version == 4 and _capability[0] == 10):
             return None
         return f"FA{version} kernels are not on the virtual SM{_capability[0]}{_capability[1]} target"
 
@@ -228,7 +228,7 @@ def _patch_flash_attn_kernels() -> None:
     package.flash_attn_interface = interface
     sys.modules.setdefault("vllm.vllm_flash_attn", package)
     sys.modules[name] = interface
-    _applied.append(f"{name}: FA2 everywhere, FA3 on SM90, no FA4 (the compiled kernels cannot load on CPU)")
+    _applied.append(f"{name}: FA2 everywhere, FA3 on SM90, FA4 on SM100 (the compiled kernels cannot load on CPU)")
 
 
 @contextlib.contextmanager
