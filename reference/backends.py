@@ -126,6 +126,13 @@ class BackendInfo:
     (``v1/worker/cp_utils.py: check_attention_cp_compatibility``). True for FLASH_ATTN,
     FLASHINFER and every MLA backend in 0.33.0; see ``returns_lse``."""
 
+    supports_cross_attention: bool = False
+    """``supports_attn_type(AttentionType.ENCODER_DECODER)``: a backend that does not is
+    never selected for a cross-attention layer (the platform's selection refuses it)."""
+    power_of_two_builder_blocks: bool = False
+    """The metadata builder refuses a block size that is not a power of 2 (FLEX_ATTENTION:
+    ``FlexAttentionMetadataBuilder._get_block_sizes``, ``flex_attn_kv_block_size``)."""
+
     @property
     def returns_lse(self) -> bool:
         return self.returns_lse_for_decode or self.is_mla or self.name in ("FLASH_ATTN", "FLASHINFER")
@@ -179,6 +186,7 @@ BACKENDS: dict[str, BackendInfo] = {
                 ),
             ),
             legacy=_FA_LEGACY,
+            supports_cross_attention=True,
         ),
         BackendInfo(
             "FLASHINFER",
@@ -207,6 +215,7 @@ BACKENDS: dict[str, BackendInfo] = {
             + _FP8
             + ("fp8_e5m2", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"),
             legacy=_FI_LEGACY,
+            supports_cross_attention=True,
         ),
         BackendInfo(
             "FLEX_ATTENTION",
@@ -214,6 +223,7 @@ BACKENDS: dict[str, BackendInfo] = {
             (MultipleOf(16),),
             layouts=(LBNHC,),
             legacy=_FA_LEGACY,
+            power_of_two_builder_blocks=True,
         ),
         BackendInfo(
             "CPU_ATTN",
@@ -223,6 +233,7 @@ BACKENDS: dict[str, BackendInfo] = {
             head_sizes=HeadSizes(values=(32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)),
             kv_cache_dtypes=_DEFAULT_KV + _FP8 + ("fp8_e5m2",),
             packing=Packing.CPU_KV_PLANES,
+            supports_cross_attention=True,
         ),
         BackendInfo(
             "HPC_ATTN",

@@ -205,6 +205,7 @@ def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpe
     memo: dict[tuple, LayerSpec] = {}
     for layer in case.layers:
         name = layer_backend(case, layer, runner)
+        _check_attention_type(case, layer, name)
         key = (name,) + tuple(getattr(layer, f) for f in _GEOMETRY_FIELDS)
         spec = memo.get(key)
         if spec is None:
@@ -215,6 +216,21 @@ def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpe
 
 
 _GEOMETRY_FIELDS = tuple(f.name for f in fields(LayerConfig) if f.name != "name")
+
+
+def _check_attention_type(case: CaseConfig, layer: LayerConfig, backend: str) -> None:
+    """The platform's selection refuses a backend that does not support the layer's
+    attention type (``AttentionBackend.supports_attn_type``, checked by
+    ``validate_configuration``): only cross-attention layers are restricted."""
+    if layer.kind != "cross" or bk.get_backend(backend).supports_cross_attention:
+        return
+    reasons = ["attention type AttentionType.ENCODER_DECODER not supported"]
+    explicit = case.speculative_attention_backend if layer.is_draft else case.attention_backend
+    if explicit:
+        message = f"Selected backend AttentionBackendEnum.{backend} is not valid for this configuration. Reason: {reasons}"
+    else:
+        message = f"No valid attention backend found: {backend}: {reasons}"
+    raise StartupError(message, where="vllm.v1.attention.selector.get_attn_backend (the platform's get_attn_backend_cls)")
 
 
 def _resolve_layout(case: CaseConfig, specs: dict[str, LayerSpec], backends: dict[str, str]) -> KVCacheLayout:
@@ -277,6 +293,11 @@ def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: di
             if key not in checked:
                 checked[key] = select_common_block_size(kernel_sizes[gid], [_kernel_sizes_of(backend, spec, case)])
             kbs = per_layer[name] = checked[key]
+            if bk.get_backend(backend).power_of_two_builder_blocks and kbs & (kbs - 1):
+                raise StartupError(
+                    f"flex_attn_kv_block_size must be a power of 2 and divisible by flex_attn_block_n, got {kbs}, None",
+                    where="vllm.v1.attention.backends.flex_attention.FlexAttentionMetadataBuilder._get_block_sizes",
+                )
             if kbs != spec.block_size and views[name].shape[2] != spec.num_kernel_states(kbs):
                 raise StartupError(
                     f"{backend} needs {kbs}-token kernel blocks, which packed {spec.block_size}-token KV "

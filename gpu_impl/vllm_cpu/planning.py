@@ -186,6 +186,26 @@ def _vllm_config():
     return _VLLM_CONFIG
 
 
+_NO_DEFAULT = object()
+
+
+def _model_config_defaults() -> dict[str, Any]:
+    """``ModelConfig``'s plain field defaults (fields with a factory are left out)."""
+    global _MODEL_CONFIG_DEFAULTS
+    if _MODEL_CONFIG_DEFAULTS is None:
+        import dataclasses as dc
+
+        from vllm.config import ModelConfig
+
+        _MODEL_CONFIG_DEFAULTS = {
+            f.name: f.default for f in dc.fields(ModelConfig) if f.default is not dc.MISSING and not hasattr(f.default, "default_factory")
+        }
+    return _MODEL_CONFIG_DEFAULTS
+
+
+_MODEL_CONFIG_DEFAULTS: dict[str, Any] | None = None
+
+
 class _ModelConfigStandIn:
     """The few ``ModelConfig`` answers the driven code reads (no HF config on disk).
 
@@ -213,9 +233,18 @@ class _ModelConfigStandIn:
         self._kv_heads = 1 if first is None or self.use_mla else first.num_kv_heads
         self._head_size = first.head_size if first is not None else 128
         self.is_hybrid = any(l.kind == "mamba" for l in case.layers)
+        self.is_attention_free = False
         self.hf_text_config = SimpleNamespace()
         self.hf_config = SimpleNamespace(model_type="kvconform-case")
         self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
+
+    def __getattr__(self, name: str):
+        # Everything the case does not decide reads as a default ModelConfig's field
+        # (enable_prompt_embeds, logits_processors, ...); unknown names stay errors.
+        default = _model_config_defaults().get(name, _NO_DEFAULT)
+        if default is _NO_DEFAULT:
+            raise AttributeError(f"{type(self).__name__} has no {name!r} (the case does not describe it)")
+        return default
 
     def get_num_attention_heads(self, parallel_config=None) -> int:
         return 4 * self._kv_heads
@@ -225,6 +254,18 @@ class _ModelConfigStandIn:
 
     def get_head_size(self) -> int:
         return self._head_size
+
+    # What ModelState and the runner's input buffers read (sizes only: never computed with).
+    uses_mrope = False
+    uses_xdrope_dim = 0
+    is_multimodal_model = False
+    supports_multimodal_inputs = False
+
+    def get_hidden_size(self) -> int:
+        return 64
+
+    def get_inputs_embeds_size(self) -> int:
+        return 64
 
     def get_mamba_chunk_size(self) -> int:
         return 256  # Mamba-2's chunk size (its metadata builder sizes chunk buffers with it)
@@ -569,7 +610,7 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
             result["cache_block_size"], result["scheduler_block_size"], result["hash_block_size"] = sizes
         if instance is not None:
             try:
-                _initialize_through_runner(runner, instance, kv_cache_config, layers, result)
+                _initialize_through_runner(case, runner, instance, kv_cache_config, layers, result)
                 return
             except _RunnerNotDriven as exc:
                 # Said in the observation and the report; the shared functions still run.
@@ -589,6 +630,8 @@ def _runner_or_reason(case, runner: str, vc):
         return runners.runner_instance(case, runner, vc, _DEVICE), None
     except runners.RunnerUnavailable as exc:
         return None, str(exc)
+    except Exception as exc:  # noqa: BLE001 - a changed runner API: say so, fall back
+        return None, f"{runner.upper()} runner could not be built: {_one_line(exc)}"
 
 
 _DEVICE = "cpu"
@@ -603,11 +646,11 @@ def _view(t) -> ViewObs:
     return ViewObs(tuple(t.shape), tuple(t.stride()), _dtype_name(t.dtype), t.storage_offset(), t.untyped_storage().nbytes())
 
 
-def _initialize_through_runner(runner, instance, kv_cache_config, layers, result) -> None:
+def _initialize_through_runner(case, runner, instance, kv_cache_config, layers, result) -> None:
     """``initialize_kv_cache`` of the runner itself; observe the runner afterwards."""
     from gpu_impl.vllm_cpu import runners
 
-    with runners.recording_transfer_group() as recorder:
+    with runners.recording_transfer_group() as recorder, runners.initialisation_environment(case):
         try:
             instance.initialize_kv_cache(kv_cache_config, kv_cache_allocation_context=runners.allocation_on_meta())
         except VLLM_ERRORS as exc:

@@ -54,6 +54,8 @@ MAX_NUM_TOKENS = 256
 """``max_num_batched_tokens``: sizes the slot-mapping buffers."""
 MLA_ROPE_DIM = 64
 """An MLA case's head size is ``kv_lora_rank + rope``; the rope part, as DeepSeek-V3's."""
+MLA_NOPE_DIM = 128
+"""DeepSeek-V3's non-rope query/key and value head dims (the builders read them)."""
 Q_HEADS_PER_KV_HEAD = 4
 """A case has no query-head count; every driver (and the model-config stand-in) uses 4."""
 
@@ -120,15 +122,6 @@ def _torch_dtype(name: str):
             "float16": torch.float16, "float": torch.float32, "float32": torch.float32}[name]
 
 
-def _select(layer, **selector_args):
-    """vLLM's selector, as the layer's constructor calls it, with autoselection declared by the case."""
-    from vllm.v1.attention.selector import _cached_get_attn_backend, get_attn_backend
-
-    _cached_get_attn_backend.cache_clear()  # the declared answer differs per layer
-    with shims.declared_autoselection(layer.backend):
-        return get_attn_backend(**selector_args)
-
-
 def _build_layer(layer, cache_config, vc):
     """One layer of the case, registered in ``static_forward_context`` under its name."""
     import torch
@@ -172,43 +165,43 @@ def _build_layer(layer, cache_config, vc):
             )
     if kind in ("mla", "sliding_window_mla"):
         from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+        from vllm.v1.attention.selector import _cached_get_attn_backend
 
-        backend = _select(
-            layer,
-            head_size=layer.head_size,
-            dtype=torch.get_default_dtype(),
-            kv_cache_dtype=layer.cache_dtype,
-            use_mla=True,
-            num_heads=heads,
-        )
-        obj = MLAAttention.__new__(MLAAttention)
-        nn.Module.__init__(obj)
-        for name, value in dict(
-            attn_backend=backend,
-            kv_cache_dtype=layer.cache_dtype,
-            head_size=layer.head_size,
-            num_heads=heads,
-            num_kv_heads=1,
-            sliding_window=layer.sliding_window if kind == "sliding_window_mla" else None,
-            topk_buffer_width=None,
-            indexer=None,
-            non_causal_multi_token_decode=False,
-            # The latent geometry the MLA metadata builders read (DeepSeek-V3's
-            # split of the case's head size: rope 64, the rest the latent rank).
-            q_lora_rank=None,
-            kv_lora_rank=layer.head_size - MLA_ROPE_DIM,
-            qk_rope_head_dim=MLA_ROPE_DIM,
-            qk_nope_head_dim=128,
-            v_head_dim=128,
-            layer_name=layer.name,
-            kv_cache=torch.tensor([]),
-        ).items():
-            object.__setattr__(obj, name, value)
-        fc[layer.name] = obj
-        return obj
+        with shims.declared_autoselection(layer.backend):
+            _cached_get_attn_backend.cache_clear()
+            return MLAAttention(
+                heads,
+                layer.head_size**-0.5,
+                qk_nope_head_dim=MLA_NOPE_DIM,
+                qk_rope_head_dim=MLA_ROPE_DIM,
+                v_head_dim=MLA_NOPE_DIM,
+                q_lora_rank=None,
+                kv_lora_rank=layer.head_size - MLA_ROPE_DIM,
+                kv_b_proj=nn.Linear(1, 1),  # weights: never loaded, never used for the layout
+                cache_config=layer_cache,
+                prefix=layer.name,
+                sliding_window=layer.sliding_window if kind == "sliding_window_mla" else None,
+                prefill_backend_cls=_MLAPrefillKernel,
+            )
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
+
+
+class _MLAPrefillKernel:
+    """Stands in for the MLA prefill backend (FlashAttention / FlashInfer / TRT-LLM ragged
+    prefill kernels), which the platform selects by GPU and which cannot load on CPU;
+    passed as ``MLAAttention(prefill_backend_cls=...)``."""
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def clone(self) -> "_MLAPrefillKernel":
+        return self
+
+    @staticmethod
+    def get_name() -> str:
+        return "VIRTUAL_PREFILL"
 
 
 def _state_space_layer(layer, fc):
@@ -323,7 +316,83 @@ def _mrv1_runner(case, vc, device):
 
 
 def _mrv2_runner(case, vc, device):
-    raise RunnerUnavailable("MRv2's initialize_kv_cache is not driven on CPU yet")
+    import torch
+    from torch import nn
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    from vllm.v1.worker.gpu.model_states import init_model_state
+
+    r = GPUModelRunner.__new__(GPUModelRunner)
+    fc = vc.compilation_config.static_forward_context
+    drafts = {l.name for l in case.layers if l.is_draft}
+    # The loaded model: a module holding the case's layers (ModelState resolution looks
+    # for cross-attention modules in it).
+    model = nn.Module()
+    model.layers = nn.ModuleList([fc[l.name] for l in case.layers if isinstance(fc.get(l.name), nn.Module)])
+    device = torch.device(device)
+    attrs = dict(
+        vllm_config=vc,
+        model_config=vc.model_config,
+        cache_config=vc.cache_config,
+        compilation_config=vc.compilation_config,
+        parallel_config=vc.parallel_config,
+        scheduler_config=vc.scheduler_config,
+        speculative_config=None,
+        device=device,
+        model=model,
+        max_num_reqs=MAX_NUM_REQS,
+        max_num_tokens=MAX_NUM_TOKENS,
+        max_model_len=case.max_model_len,
+        is_encoder_decoder=vc.model_config.is_encoder_decoder,
+        vocab_size=vc.model_config.get_vocab_size(),
+        dcp_size=vc.parallel_config.decode_context_parallel_size,
+        dcp_rank=0,
+        pcp_manager=None,
+        batch_sharder=None,
+        speculator=_mrv2_speculator(case, vc, device, drafts) if drafts else None,
+        lora_capture_cases=[0],
+        jit_warmup_registry=_NullWarmup(),
+        kv_caches=[],
+    )
+    for name, value in attrs.items():
+        setattr(r, name, value)
+    from vllm.v1.worker.gpu.input_batch import InputBuffers
+    from vllm.v1.worker.gpu.states import RequestState
+
+    # GPUModelRunner.__init__'s request state and input buffers, sized like the runner's.
+    r.req_states = RequestState(
+        max_num_reqs=MAX_NUM_REQS,
+        max_model_len=case.max_model_len,
+        max_num_batched_tokens=MAX_NUM_TOKENS,
+        num_speculative_steps=1 if drafts else 0,
+        vocab_size=r.vocab_size,
+        device=device,
+        num_prefill_lookahead=1,
+        use_dense_all_token_ids=False,
+    )
+    r.input_buffers = InputBuffers(max_num_reqs=MAX_NUM_REQS, max_num_tokens=MAX_NUM_TOKENS, device=device)
+    r.model_state = init_model_state(vc, model, None, device)
+    r.decode_query_len = (1 if drafts else 0) + r.model_state.num_new_sampled_tokens_per_step
+    return r
+
+
+def _mrv2_speculator(case, vc, device, drafts):
+    from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
+
+    s = EagleSpeculator.__new__(EagleSpeculator)
+    s.vllm_config = vc
+    s.device = device
+    s.draft_attn_layer_names = set(drafts)
+    s.dcp_size = vc.parallel_config.decode_context_parallel_size
+    s.pcp_manager = None
+    # What DraftModelSpeculator.__init__ sets from the config (its draft model config,
+    # hidden size and vocabulary come from the draft checkpoint, which is not loaded).
+    s.speculative_config = _speculative_stand_in(case)
+    s.num_speculative_steps = 1
+    s.scheduler_config = vc.scheduler_config
+    s.max_num_reqs = MAX_NUM_REQS
+    s.max_num_tokens = MAX_NUM_TOKENS
+    s.enable_adaptive_verification = False
+    return s
 
 
 class _NullWarmup:
@@ -483,6 +552,13 @@ def same_storage(a, b) -> bool:
     return a.untyped_storage()._cdata == b.untyped_storage()._cdata
 
 
+
+
+@contextlib.contextmanager
+def initialisation_environment(case) -> Iterator[None]:
+    """What a runner's initialize_kv_cache reads from the process besides its config."""
+    with shims.single_pipeline_stage(), shims.decode_context_parallel_group(case.decode_context_parallel_size):
+        yield
 
 
 def allocation_on_meta():

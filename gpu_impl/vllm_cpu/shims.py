@@ -33,6 +33,9 @@ _ENV_DEFAULTS = {
 # the CUDA plugin then fails to load libcuda and vLLM falls back to Unspecified.
 _FORCED_ENV = {"VLLM_TARGET_DEVICE": "cuda"}
 
+VIRTUAL_SM_COUNT = 132
+"""Streaming multiprocessors of the virtual GPU (an H100 SXM's count)."""
+
 _lock = threading.Lock()
 _applied: list[str] = []
 _done = False
@@ -116,6 +119,8 @@ def _patch_platform() -> None:
     _applied.append(
         f"{cls.__name__}.get_device_capability -> the case's capability (virtual SM target; default {_capability})"
     )
+    cls.num_compute_units = classmethod(lambda c, device_id=0: VIRTUAL_SM_COUNT)
+    _applied.append(f"{cls.__name__}.num_compute_units -> {VIRTUAL_SM_COUNT} (the virtual GPU's SMs)")
 
 
 _declared_backend: list[str | None] = [None]
@@ -139,22 +144,54 @@ def declared_autoselection(backend: str | None) -> Iterator[None]:
 
 
 def _patch_attention_selection(cls) -> None:
+    # CudaPlatform.get_attn_backend_cls cannot be imported without libcuda. Its explicit
+    # path validates the backend (validate_configuration) and returns its path; its
+    # auto-selection walks the GPU's priority list over the backends that validate.
+    # Most of validate_configuration asks the GPU (capability, compiled kernels); the
+    # part that is a property of the layer, the attention type, is kept: a real GPU
+    # neither runs nor auto-selects a backend that does not support the layer's type.
     def get_attn_backend_cls(c, selected_backend, attn_selector_config=None, num_heads=None, **_):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-        if selected_backend is not None:
-            return selected_backend.get_path()
-        declared = _declared_backend[0]
-        if declared is None:
-            raise ValueError("no backend declared for auto-selection on the virtual target")
-        backend_class(declared)  # import shims, and a clear BackendUnavailable
-        return AttentionBackendEnum[declared].get_path()
+        backend = selected_backend
+        if backend is None:
+            declared = _declared_backend[0]
+            if declared is None:
+                raise ValueError("no backend declared for auto-selection on the virtual target")
+            backend = AttentionBackendEnum[declared]
+        backend_cls = backend_class(backend.name)
+        attn_type = getattr(attn_selector_config, "attn_type", None)
+        if attn_type is not None and not backend_cls.supports_attn_type(attn_type):
+            reasons = [f"attention type {attn_type} not supported"]
+            if selected_backend is not None:
+                raise ValueError(
+                    f"Selected backend {selected_backend} is not valid for this configuration. Reason: {reasons}"
+                )
+            raise ValueError(f"No valid attention backend found: {backend.name}: {reasons}")
+        return backend.get_path()
 
     cls.get_attn_backend_cls = classmethod(get_attn_backend_cls)
     _applied.append(
-        f"{cls.__name__}.get_attn_backend_cls: an explicit backend as given; auto-selection -> "
-        "the backend the case declares for the layer (a real platform picks by GPU)"
+        f"{cls.__name__}.get_attn_backend_cls: a backend not supporting the layer's attention type is refused "
+        "(CudaPlatform's validation); explicit backends as given; auto-selection -> the backend the case declares"
     )
+
+
+def _patch_uva(cls) -> None:
+    # MRv2's buffers use UVA (pinned host memory mapped into the GPU) when the platform
+    # has it; the NonUvaBuffer fallback allocates plain tensors on device_type.
+    import vllm.v1.worker.gpu.buffer_utils as buffer_utils
+
+    buffer_utils.is_uva_available = lambda: False
+    cls.device_type = "cpu"
+    _applied.append(f"no UVA (vllm.v1.worker.gpu.buffer_utils.is_uva_available -> False); {cls.__name__}.device_type = 'cpu'")
+
+
+def _patch_multi_layer_check(cls) -> None:
+    # CudaPlatform.check_runner_kv_caches_multi_layer is a no-op (cross and self attention
+    # in one decoder block, encoder-decoder models); the Unspecified base raises.
+    cls.check_runner_kv_caches_multi_layer = classmethod(lambda c: None)
+    _applied.append(f"{cls.__name__}.check_runner_kv_caches_multi_layer -> CudaPlatform's (no-op)")
 
 
 def _patch_device_properties() -> None:
@@ -163,12 +200,12 @@ def _patch_device_properties() -> None:
     def get_device_properties(device=None):
         major, minor = _capability
         return SimpleNamespace(
-            name="virtual GPU", major=major, minor=minor, multi_processor_count=132,
+            name="virtual GPU", major=major, minor=minor, multi_processor_count=VIRTUAL_SM_COUNT,
             total_memory=80 << 30, L2_cache_size=50 << 20, warp_size=32,
         )
 
     torch.cuda.get_device_properties = get_device_properties
-    _applied.append("torch.cuda.get_device_properties -> the virtual GPU (the case's capability, 132 SMs)")
+    _applied.append(f"torch.cuda.get_device_properties -> the virtual GPU (the case's capability, {VIRTUAL_SM_COUNT} SMs)")
 
 
 @contextlib.contextmanager
@@ -231,22 +268,72 @@ def _patch_flash_attn_kernels() -> None:
     _applied.append(f"{name}: FA2 everywhere, FA3 on SM90, FA4 on SM100 (the compiled kernels cannot load on CPU)")
 
 
+class _RankZeroGroup:
+    """A process group as its rank 0 sees it (hashable: vLLM caches per group)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.rank_in_group = 0
+        self.rank = 0
+        self.ranks = list(range(world_size))
+        self.is_first_rank = True
+        self.is_last_rank = world_size == 1
+
+
 @contextlib.contextmanager
 def decode_context_parallel_group(world_size: int) -> Iterator[None]:
-    """Attention impls read their DCP world size from the DCP process group at
-    construction; the case's rank 0 of ``world_size`` stands in for it."""
+    """The DCP process group as rank 0 of ``world_size`` (no torch.distributed here):
+    attention impls and MLA layers read its size and rank at construction."""
     import vllm.distributed.parallel_state as ps
 
+    if world_size <= 1:
+        yield
+        return
     real = ps.get_dcp_world_size_and_rank
-
-    def get_dcp_world_size_and_rank(*args, **kwargs):
-        return (world_size, 0) if world_size > 1 else real(*args, **kwargs)
-
-    ps.get_dcp_world_size_and_rank = get_dcp_world_size_and_rank
+    saved = ps._DCP
+    ps.get_dcp_world_size_and_rank = lambda *args, **kwargs: (world_size, 0)
+    ps._DCP = _RankZeroGroup(world_size)
     try:
         yield
     finally:
         ps.get_dcp_world_size_and_rank = real
+        ps._DCP = saved
+
+
+@contextlib.contextmanager
+def single_pipeline_stage() -> Iterator[None]:
+    """vLLM's pipeline-parallel process group, as one stage of one rank (no
+    torch.distributed is initialised on this machine)."""
+    import vllm.distributed.parallel_state as ps
+
+    saved = ps._PP
+    if saved is None:
+        ps._PP = _RankZeroGroup(1)
+    try:
+        yield
+    finally:
+        ps._PP = saved
+
+
+def _patch_mla_kernel_checks() -> None:
+    # FlashMLA and FlashAttention-MLA impls assert at construction that their compiled
+    # kernels load on this GPU (vllm._flashmla_C, FA3 MLA); the virtual target has them.
+    import vllm.v1.attention.backends.fa_utils as fa_utils
+    import vllm.v1.attention.ops.flashmla as flashmla_ops
+
+    def flash_attn_supports_mla() -> bool:
+        return _capability[0] == 9  # FA3's MLA kernels: Hopper only
+
+    flashmla_ops.is_flashmla_dense_supported = lambda: (True, None)
+    fa_utils.flash_attn_supports_mla = flash_attn_supports_mla
+    for module_name, attr, value in (
+        ("vllm.v1.attention.backends.mla.flashmla", "is_flashmla_dense_supported", flashmla_ops.is_flashmla_dense_supported),
+        ("vllm.v1.attention.backends.mla.flashattn_mla", "flash_attn_supports_mla", flash_attn_supports_mla),
+    ):
+        module = sys.modules.get(module_name)
+        if module is not None:
+            setattr(module, attr, value)
+    _applied.append("FlashMLA dense kernels present; FlashAttention MLA kernels on SM90 (compiled kernels cannot load on CPU)")
 
 
 def _patch_flashinfer_artifactory() -> None:
@@ -292,6 +379,8 @@ def apply() -> list[str]:
         from vllm.platforms import current_platform
 
         _patch_attention_selection(type(current_platform))
+        _patch_multi_layer_check(type(current_platform))
+        _patch_uva(type(current_platform))
         _patch_device_properties()
         _patch_flash_attn_kernels()
         _patch_flashinfer_artifactory()
@@ -339,7 +428,7 @@ def _cutlass_mla_import() -> Iterator[None]:
         return real_empty(*args, **kwargs)
 
     torch.empty = empty
-    pu.num_compute_units = lambda *a, **k: 132
+    pu.num_compute_units = lambda *a, **k: VIRTUAL_SM_COUNT
     try:
         yield
     finally:
@@ -386,6 +475,8 @@ def backend_class(name: str):
         with shim(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             cls = member.get_class()
+        if name in ("FLASHMLA", "FLASH_ATTN_MLA"):
+            _patch_mla_kernel_checks()
     except Exception as exc:  # ImportError, RuntimeError("Found no NVIDIA driver"), KeyError
         error = BackendUnavailable(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         _backend_cache[name] = error
@@ -403,6 +494,7 @@ __all__ = [
     "cuda_on_meta",
     "current_capability",
     "declared_autoselection",
+    "single_pipeline_stage",
     "decode_context_parallel_group",
     "fake_capability",
     "prepare_env",

@@ -24,6 +24,12 @@ COMBOS = (("FLASH_ATTN", 16, None), ("FLASHINFER", 128, "LBNHC"), ("TRITON_ATTN"
 
 # (model, backend, block size) -> (error class, text in its message, why).
 EXPECTED_ERRORS = {
+    ("whisper-large-v3", "FLASHINFER", 128): (
+        StartupError,
+        "ENCODER_DECODER not supported",
+        "FlashInfer does not support cross attention (FlashInferBackend.supports_attn_type; "
+        "FlashInferImpl raises for it): the platform never selects it for Whisper's encoder_attn layers",
+    ),
     ("phi-3-mini-4k", "FLASHINFER", 128): (
         ConfigError,
         "head size 96 is not supported by FLASHINFER",
