@@ -6,7 +6,7 @@
     id = "mrv2-draft-keeps-attention-backend"    # unique; letters, digits, . _ -
     kind = "mrv1_mrv2_mismatch"                   # one of conformance.diff.KINDS
     case = "gqa+draft-attention-backend-*"        # optional glob on the case name ("*")
-    field = "*"                                   # optional glob on Divergence.field ("*")
+    field = "*"                                   # optional glob on Divergence.field ("*"), or a list of globs
     backend = "FLASHINFER"                        # optional: a backend one of the case's layers runs
     layout = "LBNHC"                              # optional: the case's requested or resolved layout
     runner = "mrv1/mrv2"                          # optional: mrv1, mrv2 or mrv1/mrv2 (runner pairs)
@@ -181,7 +181,8 @@ class Expectation:
     kind: str
     reason: str
     case: str = "*"
-    field: str = "*"
+    field: str | tuple[str, ...] = "*"
+    """A glob on ``Divergence.field``, or several (any may match)."""
     backend: str | None = None
     layout: str | None = None
     runner: str | None = None
@@ -204,7 +205,10 @@ class Expectation:
         """Kind, case, field and runner from the divergence; backend and layout from the case."""
         if divergence.kind != self.kind:
             return False
-        if not fnmatchcase(divergence.case, self.case) or not fnmatchcase(divergence.field, self.field):
+        if not fnmatchcase(divergence.case, self.case):
+            return False
+        globs = (self.field,) if isinstance(self.field, str) else self.field
+        if not any(fnmatchcase(divergence.field, glob) for glob in globs):
             return False
         if self.runner is not None and divergence.runner != self.runner:
             return False
@@ -261,9 +265,16 @@ def _entry(where: str, raw: Any, backends: Sequence[str]) -> Expectation:
     if kind not in KINDS:
         raise _fail(where, f"kind {kind!r} is not one of {', '.join(KINDS)}")
     values: dict[str, Any] = {"id": ident, "kind": kind, "reason": _string(where, "reason", raw["reason"]).strip()}
-    for key in ("case", "field"):
-        if key in raw:
-            values[key] = _string(where, key, raw[key])
+    if "case" in raw:
+        values["case"] = _string(where, "case", raw["case"])
+    if "field" in raw:
+        fields = raw["field"]
+        if isinstance(fields, list):
+            if not fields:
+                raise _fail(where, "field [] must name at least one glob")
+            values["field"] = tuple(_string(where, "field", f) for f in fields)
+        else:
+            values["field"] = _string(where, "field", fields)
     if "backend" in raw:
         backend = _string(where, "backend", raw["backend"])
         if backends and backend not in backends:

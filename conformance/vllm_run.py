@@ -112,6 +112,7 @@ def run_against_vllm(
                 "expected": None if verdict is None else len(verdict.expected),
                 "unexpected": None if verdict is None else len(verdict.unexpected),
                 "unused": None if verdict is None else [e.id for e in verdict.unused],
+                "absorbed": None if verdict is None else _absorbed(verdict),
             },
             "results": results,
         }
@@ -288,6 +289,14 @@ def _print_matrix(matrix: dict[str, dict[str, dict[str, int]]]) -> None:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
+def _absorbed(verdict: Classification) -> dict[str, int]:
+    """Per expectation id: how many divergences of the run it absorbed."""
+    counts: dict[str, int] = {}
+    for match in verdict.expected:
+        counts[match.expectation.id] = counts.get(match.expectation.id, 0) + 1
+    return counts
+
+
 def _print_fidelity(fidelities: dict[tuple[str, str], int]) -> None:
     """How each runner was observed: its own initialize_kv_cache, or the shared-function fallback."""
     for runner in RUNNERS:
@@ -320,6 +329,8 @@ def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[
     for m in verdict.expected:
         by_entry.setdefault(m.expectation.id, {}).setdefault(m.divergence.case, []).append(m.divergence)
     for entry, per_case in by_entry.items():
+        total = sum(len(found) for found in per_case.values())
+        print(f"  expectation {entry}: absorbed {total} divergence(s) in {len(per_case)} case(s)")
         # One line per (expectation, case), up to a few cases; then one line for the rest.
         # The full list is in the JSON report.
         shown = list(per_case.items())[:EXPECTED_CASES_SHOWN]

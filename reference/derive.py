@@ -250,8 +250,15 @@ def _kernel_sizes_of(backend: str, spec: LayerSpec, case: CaseConfig):
     )
 
 
-def prepare_kernel_block_sizes(case: CaseConfig, kv_plan: KVCachePlan, backends: dict[str, str]) -> tuple[int, ...]:
-    """``prepare_kernel_block_sizes``: per group, the size every backend of the group accepts."""
+def prepare_kernel_block_sizes(
+    case: CaseConfig, kv_plan: KVCachePlan, backends: dict[str, str], only: frozenset[str] | None = None
+) -> tuple[int, ...]:
+    """``prepare_kernel_block_sizes``: per group, the size every backend of the group accepts.
+
+    ``only``: the attention groups are built from these layers alone (MRv2's speculator:
+    ``init_attn_backend(active_layer_names=...)``); a group left without layers keeps
+    its block size (``select_common_block_size`` over no backends).
+    """
     sizes = []
     for gid, group in enumerate(kv_plan.groups):
         spec = first_layer_spec(group.spec)
@@ -264,7 +271,7 @@ def prepare_kernel_block_sizes(case: CaseConfig, kv_plan: KVCachePlan, backends:
             sizes.append(group.spec.block_size)
             continue
         attn_groups = dict.fromkeys(
-            (backends[n], layer_spec_of(group.spec, n)) for n in group.layer_names
+            (backends[n], layer_spec_of(group.spec, n)) for n in group.layer_names if only is None or n in only
         )
         sizes.append(
             select_common_block_size(
@@ -274,13 +281,22 @@ def prepare_kernel_block_sizes(case: CaseConfig, kv_plan: KVCachePlan, backends:
     return tuple(sizes)
 
 
-def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: dict[str, str], kernel_sizes: tuple[int, ...], views: dict[str, TensorView]) -> dict[str, int]:
+def _check_metadata_builders(
+    case: CaseConfig,
+    d_plan: KVCachePlan,
+    backends: dict[str, str],
+    kernel_sizes: tuple[int, ...],
+    views: dict[str, TensorView],
+    draft_kernel_sizes: tuple[int, ...] | None = None,
+) -> dict[str, int]:
     """``create_metadata_builders`` + ``map_kv_cache_to_kernel_blocks``: each backend's own pass.
 
     Returns the kernel block size each layer's metadata builder (and so its block table)
     uses; for draft layers that is the drafter's own attention group (MRv1
-    ``drafter.initialize_attn_backend``, MRv2 ``speculator.set_attn``).
+    ``drafter.initialize_attn_backend``, given the runner's kernel block sizes; MRv2
+    ``speculator.set_attn``, which chooses its own: ``draft_kernel_sizes``).
     """
+    drafts = {layer.name for layer in case.layers if layer.is_draft}
     per_layer: dict[str, int] = {}
     for gid, group in enumerate(d_plan.groups):
         checked: dict[tuple, int] = {}
@@ -289,9 +305,10 @@ def _check_metadata_builders(case: CaseConfig, d_plan: KVCachePlan, backends: di
             if isinstance(spec, MambaSpec):
                 continue
             backend = backends[name]
-            key = (backend, spec)
+            base = draft_kernel_sizes[gid] if draft_kernel_sizes is not None and name in drafts else kernel_sizes[gid]
+            key = (backend, spec, base)
             if key not in checked:
-                checked[key] = select_common_block_size(kernel_sizes[gid], [_kernel_sizes_of(backend, spec, case)])
+                checked[key] = select_common_block_size(base, [_kernel_sizes_of(backend, spec, case)])
             kbs = per_layer[name] = checked[key]
             if bk.get_backend(backend).power_of_two_builder_blocks and kbs & (kbs - 1):
                 raise StartupError(
@@ -382,7 +399,11 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         for view, byte_strides in create_views(tensor, spec, gid, kv_plan.num_blocks, layout, kbs):
             views[view.name] = view
             geometry[view.name] = (view, byte_strides, spec, packing, spec.block_size // kbs)
-    builder_sizes = _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views)
+    drafts = frozenset(layer.name for layer in case.layers if layer.is_draft)
+    # MRv2's speculator picks the drafts' kernel block size over the draft layers alone
+    # (speculator.set_attn -> init_attn_backend(active_layer_names=drafts)).
+    draft_kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends, only=drafts) if runner == "mrv2" and drafts else None
+    builder_sizes = _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views, draft_kernel_sizes)
     prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
     cache_block_size = min(prefix_cacheable)
     grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}

@@ -694,8 +694,9 @@ def _observe_runner_state(runner, instance, layers, recorder, result) -> None:
     """Whatever the runner had set up (all of it after a success, a prefix after a refusal)."""
     from gpu_impl.vllm_cpu import runners
 
-    with contextlib.suppress(AttributeError, TypeError):
-        result["kernel_block_sizes"] = runners.kernel_block_sizes(runner, instance)
+    sizes = runners.kernel_block_sizes(runner, instance)
+    if sizes is not None:
+        result["kernel_block_sizes"] = sizes
     own, draft = runners.attention_groups(runner, instance)
     builders = runners.builder_block_sizes(own)
     builders.update(runners.builder_block_sizes(draft))

@@ -370,7 +370,15 @@ def _mrv2_runner(case, vc, device):
         use_dense_all_token_ids=False,
     )
     r.input_buffers = InputBuffers(max_num_reqs=MAX_NUM_REQS, max_num_tokens=MAX_NUM_TOKENS, device=device)
-    r.model_state = init_model_state(vc, model, None, device)
+    encoder_cache = None
+    if r.is_encoder_decoder:
+        # Cross-attention models take encoder inputs (Whisper's audio): the runner keeps
+        # an encoder cache for them (GPUModelRunner.__init__: supports_mm_inputs).
+        from vllm.v1.worker.gpu.mm.encoder_cache import EncoderCache
+
+        encoder_cache = EncoderCache()
+    r.encoder_cache = encoder_cache
+    r.model_state = init_model_state(vc, model, encoder_cache, device)
     r.decode_query_len = (1 if drafts else 0) + r.model_state.num_new_sampled_tokens_per_step
     return r
 
@@ -499,7 +507,8 @@ def runner_instance(case, runner: str, vc, device):
 
 def attention_groups(runner: str, instance) -> tuple[list[Any], list[Any]]:
     """(the runner's own attention groups, the drafter's / speculator's), flattened."""
-    own = [g for groups in instance.attn_groups for g in groups]
+    # getattr: after a refusal the runner may not have reached the assignment.
+    own = [g for groups in getattr(instance, "attn_groups", None) or [] for g in groups]
     if runner == "mrv1":
         drafter = getattr(instance, "drafter", None)
         return own, list(getattr(drafter, "draft_attn_groups", []) or [])
@@ -507,8 +516,10 @@ def attention_groups(runner: str, instance) -> tuple[list[Any], list[Any]]:
     return own, [g for groups in (getattr(speculator, "attn_groups", None) or []) for g in groups]
 
 
-def kernel_block_sizes(runner: str, instance) -> tuple[int, ...]:
-    return tuple(instance._kernel_block_sizes if runner == "mrv1" else instance.kernel_block_sizes)
+def kernel_block_sizes(runner: str, instance) -> tuple[int, ...] | None:
+    """The runner's kernel block sizes, or None before it chose them."""
+    sizes = getattr(instance, "_kernel_block_sizes" if runner == "mrv1" else "kernel_block_sizes", None)
+    return None if sizes is None else tuple(sizes)
 
 
 def builder_block_sizes(groups) -> dict[str, int]:
