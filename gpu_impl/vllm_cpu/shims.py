@@ -158,6 +158,7 @@ def _patch_attention_selection(cls) -> None:
             declared = _declared_backend[0]
             if declared is None:
                 raise ValueError("no backend declared for auto-selection on the virtual target")
+            backend_class(declared)  # an unknown or unloadable name: BackendUnavailable
             backend = AttentionBackendEnum[declared]
         backend_cls = backend_class(backend.name)
         attn_type = getattr(attn_selector_config, "attn_type", None)

@@ -51,7 +51,7 @@ def test_mrv1_runner_forgetting_the_kernel_split_is_seen_in_mrv1_only(monkeypatc
     assert comparisons["mrv1"].status == "fail"
     assert kinds_of(comparisons["mrv1"].divergences) == {"startup_error"}, _explain(comparisons, mismatches)
     assert observations["mrv1"].error_stage == "bind" and "64-token kernel blocks" in observations["mrv1"].error
-    assert {"error", "error_stage"} <= {d.field for d in mismatches}, _explain(comparisons, mismatches)
+    assert {"error", "kernel_block_sizes"} <= {d.field for d in mismatches}, _explain(comparisons, mismatches)
 
 
 def test_mrv1_drafter_inheriting_the_target_backend_is_seen_in_mrv1_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ import pytest
 
 from conformance.diff import compare, compare_runners
 from conformance.pytest_plugin import check_runners_agree
+from reference import backends as bk
 from reference.derive import derive
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import check_parallel
@@ -203,6 +204,11 @@ def test_whisper_groups_self_and_cross_attention(backend, block_size, layout) ->
     case = to_case(ZOO["whisper-large-v3"], block_size=block_size, backend=backend, layout=layout)
     observations = {runner: observe(case, runner) for runner in ("mrv1", "mrv2")}
     for runner, obs in observations.items():
+        if not bk.get_backend(backend).supports_cross_attention:
+            # The platform refuses a backend without cross attention for encoder_attn.
+            assert obs.error is not None and "ENCODER_DECODER not supported" in obs.error, obs
+            assert compare(case, runner, obs).status == "pass"
+            continue
         assert [g.spec_type for g in obs.groups] == ["FullAttentionSpec", "CrossAttentionSpec"], obs.error
         result = compare(case, runner, obs)
         if result.status != "pass":
