@@ -129,6 +129,8 @@ class BackendInfo:
     supports_cross_attention: bool = False
     """``supports_attn_type(AttentionType.ENCODER_DECODER)``: a backend that does not is
     never selected for a cross-attention layer (the platform's selection refuses it)."""
+    required_block_sizes: tuple[int, ...] | None = None
+    """The impl's constructor refuses any other ``--block-size`` (B12X: ``_B12X_SUPPORTED_PAGE_SIZES``)."""
     power_of_two_builder_blocks: bool = False
     """The metadata builder refuses a block size that is not a power of 2 (FLEX_ATTENTION:
     ``FlexAttentionMetadataBuilder._get_block_sizes``, ``flex_attn_kv_block_size``)."""
@@ -251,6 +253,7 @@ BACKENDS: dict[str, BackendInfo] = {
             head_sizes=HeadSizes(values=(64, 128, 192, 256)),
             kv_cache_dtypes=("auto", "bfloat16") + _FP8,
             packing=Packing.TWO_HEAD_SLOTS,
+            required_block_sizes=(64, 128),
         ),
         BackendInfo(
             "ROCM_ATTN",

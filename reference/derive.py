@@ -205,7 +205,7 @@ def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpe
     memo: dict[tuple, LayerSpec] = {}
     for layer in case.layers:
         name = layer_backend(case, layer, runner)
-        _check_attention_type(case, layer, name)
+        _check_layer_backend(case, layer, name)
         key = (name,) + tuple(getattr(layer, f) for f in _GEOMETRY_FIELDS)
         spec = memo.get(key)
         if spec is None:
@@ -218,11 +218,18 @@ def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpe
 _GEOMETRY_FIELDS = tuple(f.name for f in fields(LayerConfig) if f.name != "name")
 
 
-def _check_attention_type(case: CaseConfig, layer: LayerConfig, backend: str) -> None:
-    """The platform's selection refuses a backend that does not support the layer's
-    attention type (``AttentionBackend.supports_attn_type``, checked by
-    ``validate_configuration``): only cross-attention layers are restricted."""
-    if layer.kind != "cross" or bk.get_backend(backend).supports_cross_attention:
+def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> None:
+    """What refuses a layer while it is built: the impl's constructor (B12X's
+    ``--block-size``), and the platform's selection of a backend that does not support
+    the layer's attention type (``AttentionBackend.supports_attn_type``, checked by
+    ``validate_configuration``; only cross-attention layers are restricted)."""
+    info = bk.get_backend(backend)
+    if info.required_block_sizes is not None and case.block_size not in info.required_block_sizes:
+        raise StartupError(
+            f"{backend.lower()} requires --block-size in {info.required_block_sizes}, got {case.block_size}.",
+            where=f"vllm/{info.source}: the impl's constructor",
+        )
+    if layer.kind != "cross" or info.supports_cross_attention:
         return
     reasons = ["attention type AttentionType.ENCODER_DECODER not supported"]
     explicit = case.speculative_attention_backend if layer.is_draft else case.attention_backend

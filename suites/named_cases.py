@@ -242,6 +242,17 @@ def _build() -> dict[str, CaseConfig]:
             attention_backend="TRITON_ATTN",
             note="--attention-backend TRITON_ATTN: MRv2's draft keeps it, MRv1's auto-selects FlashInfer (D1).",
         ),
+        CaseConfig(
+            "gqa+draft-attention-backend-blhnc-b48",
+            _qwen3_like(backend="TRITON_ATTN")
+            + (LayerConfig("draft.layers.2.attn", backend="FLASHINFER", num_kv_heads=8, head_size=128, is_draft=True),),
+            block_size=48,
+            num_blocks=4,
+            layout="BLHNC",
+            attention_backend="TRITON_ATTN",
+            note="D1 as a refusal: MRv1's auto-selected FlashInfer draft needs 16-token kernel blocks, which "
+            "packed (block-outermost) 48-token blocks cannot be split into; MRv2's Triton draft starts.",
+        ),
     ]
     return {c.name: c for c in cases}
 

@@ -55,7 +55,23 @@ def current_capability() -> tuple[int, int]:
 def set_capability(capability: tuple[int, int]) -> None:
     """Make ``current_platform.get_device_capability()`` report ``capability``."""
     global _capability
-    _capability = (int(capability[0]), int(capability[1]))
+    new = (int(capability[0]), int(capability[1]))
+    if new != _capability:
+        _forget_capability_answers()
+    _capability = new
+
+
+CAPABILITY_CACHED = ("supports_trtllm_attention", "has_flashinfer_sparse_mla_sm120_config")
+"""``functools.cache``d answers of ``vllm.utils.flashinfer`` that read the capability
+(a real GPU's never changes within a process; the virtual target's does per case)."""
+
+
+def _forget_capability_answers() -> None:
+    module = sys.modules.get("vllm.utils.flashinfer")
+    for name in CAPABILITY_CACHED:
+        function = getattr(module, name, None)
+        if function is not None and hasattr(function, "cache_clear"):
+            function.cache_clear()
 
 
 @contextlib.contextmanager

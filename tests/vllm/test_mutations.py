@@ -227,6 +227,16 @@ def _drafts_not_allocated(original: Callable) -> Callable:
     return allocate_kv_cache
 
 
+def _bound_to_copies(original: Callable) -> Callable:
+    """``map_kv_caches_to_kernel_blocks`` binding each layer to a private copy of its cache:
+    the shapes agree, but the kernels write where no connector reads."""
+
+    def map_kv_caches_to_kernel_blocks(kv_caches, attn_groups):
+        return {name: cache.clone() for name, cache in original(kv_caches, attn_groups).items()}
+
+    return map_kv_caches_to_kernel_blocks
+
+
 def _scheduler_uses_largest_block(original: Callable) -> Callable:
     """``generate_scheduler_kv_cache_config`` giving every group the largest block size."""
 
@@ -271,11 +281,17 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
-        "no-kernel-split", "flashinfer-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
+        "no-kernel-split", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
         _no_kernel_split, "kernel_block_size",
-        # The builders get the manager size too, and the views keep 128-token blocks:
-        # (4, 8, 128, 256) instead of (8, 8, 64, 256).
-        frozenset({"kernel_block_size", "builder_kernel_block_size", "registered_shape"}),
+        # The builders (the drafter's too) get the manager size, and the views keep
+        # 128-token blocks: (4, 1, 128, 576) instead of (8, 1, 64, 576).
+        frozenset({"kernel_block_size", "builder_kernel_block_size", "draft_kernel_block_size", "registered_shape"}),
+    ),
+    Mutation(
+        "no-kernel-split-flashinfer", "flashinfer-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
+        # FlashInfer's own metadata builder refuses the unsplit 128-token page
+        # ("Unexpected FlashInfer page size 128 without trtllm-gen GQA").
+        _no_kernel_split, "startup_error", frozenset({"startup_error"}),
     ),
     Mutation(
         "strides-h-n-swapped", "dense-fa-b128-lbnhc", "vllm.v1.kv_cache_interface", "compute_layout_strides",
@@ -330,13 +346,18 @@ MUTATIONS = (
         _no_null_block_check, "startup_error", frozenset({"startup_error"}),
     ),
     Mutation(
-        "drafts-not-registered", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "allocate_kv_cache",
+        # GPUModelRunner imports allocate_kv_cache by name: that binding is MRv1's.
+        "drafts-not-registered", "mla-gqa-draft-b128-k64", "vllm.v1.worker.gpu_model_runner", "allocate_kv_cache",
         _drafts_not_allocated, "registered_names", frozenset({"registered_names"}),
     ),
     Mutation(
-        "builder-ignores-split", "flashinfer-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
+        "layers-bound-to-copies", "flashinfer-b128-k64", "vllm.v1.worker.gpu_model_runner",
+        "map_kv_caches_to_kernel_blocks", _bound_to_copies, "bound_storage", frozenset({"bound_storage"}),
+    ),
+    Mutation(
+        "builder-ignores-split", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
         _builder_ignores_kernel_size(drafts_only=False), "builder_kernel_block_size",
-        frozenset({"builder_kernel_block_size"}),
+        frozenset({"builder_kernel_block_size", "draft_kernel_block_size"}),
     ),
     Mutation(
         "drafter-ignores-split", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
@@ -416,36 +437,46 @@ def _smallest_kernel_block_sizes(original: Callable) -> Callable:
 
 
 def _observe_mrv2_patched(case: CaseConfig, variant: Callable[[Callable], Callable], monkeypatch: pytest.MonkeyPatch):
-    """MRv1 observed as shipped; MRv2 with ``prepare_kernel_block_sizes`` replaced."""
-    import vllm.v1.worker.utils as worker_utils
+    """MRv1 observed as shipped; MRv2 with its own ``prepare_kernel_block_sizes`` binding
+    (``vllm/v1/worker/gpu/attn_utils.py``, called by its ``init_attn_backend``) replaced."""
+    import vllm.v1.worker.gpu.attn_utils as mrv2_attn_utils
 
     mrv1 = observe(case, "mrv1")
+    assert mrv1.fidelity == "runner", mrv1.fidelity_reason
     with monkeypatch.context() as patch:
-        patch.setattr(worker_utils, "prepare_kernel_block_sizes", variant(worker_utils.prepare_kernel_block_sizes))
+        patch.setattr(mrv2_attn_utils, "prepare_kernel_block_sizes", variant(mrv2_attn_utils.prepare_kernel_block_sizes))
         mrv2 = observe(case, "mrv2")
+    assert mrv2.fidelity == "runner", mrv2.fidelity_reason
     return mrv1, mrv2
 
 
-@pytest.mark.parametrize("case_name", ["flashinfer-b128-k64", "mla-gqa-draft-b128-k64"])
-def test_unpatched_runners_agree(case_name: str) -> None:
-    case = _case(case_name)
+def test_unpatched_runners_agree() -> None:
+    case = _case("flashinfer-b128-k64")
     assert compare_runners(case, observe(case, "mrv1"), observe(case, "mrv2")) == ()
+    # With an MLA target and a FlashAttention draft the runners differ in one place only:
+    # MRv2's speculator picks the draft's kernel block over the draft's backend alone.
+    case = _case("mla-gqa-draft-b128-k64")
+    (only,) = compare_runners(case, observe(case, "mrv1"), observe(case, "mrv2"))
+    assert (only.field, only.expected, only.observed) == (
+        "draft_builder_kernel_block_sizes", {"draft.layers.2.attn": 64}, {"draft.layers.2.attn": 128}
+    )
 
 
 def test_mrv2_without_kernel_expansion_is_a_runner_mismatch(monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM #42846's shape: MRv2 keeps 128-token blocks where MRv1 splits to 64.
 
-    In 0.33.0 the metadata-builder pass then refuses to bind (FlashInfer needs 64-token
-    blocks), so MRv2 also fails to start; the shapes it registered first still differ.
+    In 0.33.0 MRv2's metadata builders still split for FlashInfer (their own
+    select_common_block_size), so binding the unsplit 128-token views refuses and MRv2
+    fails to start before registering anything; the kernel block sizes it chose differ.
     """
     case = _case("flashinfer-b128-k64")
     mrv1, mrv2 = _observe_mrv2_patched(case, _manager_block_sizes, monkeypatch)
     assert compare(case, "mrv1", mrv1).status == "pass"
+    assert mrv2.error_stage == "bind" and "needs 64-token kernel blocks" in mrv2.error
     mismatches = compare_runners(case, mrv1, mrv2)
     assert kinds_of(mismatches) == {"mrv1_mrv2_mismatch"}
     fields = {d.field for d in mismatches}
-    layers = [layer.name for layer in case.layers]
-    assert {"error", "kernel_block_sizes", *(f"{layer}.shape" for layer in layers)} <= fields, fields
+    assert {"error", "kernel_block_sizes"} <= fields, fields
     kernel = next(d for d in mismatches if d.field == "kernel_block_sizes")
     assert (kernel.expected, kernel.observed) == ([64], [128])
     assert all(d.runner == "mrv1/mrv2" and "MRv1" in d.message and "MRv2" in d.message for d in mismatches)
