@@ -28,7 +28,7 @@ for arg in "$@"; do
   case "$arg" in
     --list|-h|--help)
       py="$venv/bin/python"; [ -x "$py" ] || py="$(command -v python3)"
-      cd "$root" && exec "$py" -m gpu_impl.cuda "$@" ;;
+      cd "$root" && exec "$py" -m conformance.gpu_check "$@" ;;
   esac
 done
 
@@ -53,6 +53,6 @@ hard=$(( ${budget_s:-0} + 25 ))
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 if command -v timeout >/dev/null 2>&1; then
-  exec timeout -k 15 "$hard" "$python" -m gpu_impl.cuda "$@"
+  exec timeout -k 15 "$hard" "$python" -m conformance.gpu_check "$@"
 fi
-exec "$python" -m gpu_impl.cuda "$@"
+exec "$python" -m conformance.gpu_check "$@"

@@ -1,4 +1,4 @@
-"""The GPU path's KV connector: records like ``RecordingConnector`` and checks written data.
+"""The GPU path's KV connector: records like ``RecordingConnector`` and observes written data.
 
 Loaded by the engine through ``KVTransferConfig(kv_connector="CheckingConnector",
 kv_connector_module_path="gpu_impl.cuda.connector")``. Everything the recording
@@ -10,17 +10,15 @@ cache update for the step:
 
 - the step's slot mapping for the layer (``forward_context.slot_mapping[layer]``, the
   one the cache-update op got; the attention metadata's ``slot_mapping`` as fallback);
-- for a sample of written slots, ``gpu_impl.cuda.datacheck.check_layer``: the
-  registered view read by tensor indexing vs the pool's raw bytes at the reference's
-  addresses (``reference.derive.derive(case, runner)``), plus the layer's bound view;
-- on the first checked call of each layer a control: the same check with every
-  reference address moved by one element must FAIL (proof the check can fail on this
-  data), recorded as ``control_detected``.
+- for a sample of written slots, ``gpu_impl.cuda.datacheck.observe_layer``: where the
+  registered view (and the layer's bound view) places each token's K and V in the pool,
+  and whether those bytes were written. ``conformance.gpu_verdict`` compares that with
+  the reference afterwards; nothing here knows the reference's prediction.
 
 ``kv_connector_extra_config`` keys (besides the recorder's ``record_dir``/``record_tag``):
-``check_case`` (a reference case as a dict), ``check_runner`` ("mrv1"/"mrv2"),
-``check_calls`` (checked calls per layer, default 3), ``check_slots`` (slots per call,
-default 8). Nothing here may raise into the engine: every failure is recorded.
+``check_case_name``, ``check_runner`` ("mrv1"/"mrv2"), ``check_calls`` (observed calls
+per layer, default 3), ``check_slots`` (slots per call, default 8). Nothing here may
+raise into the engine: every failure is recorded.
 """
 
 from __future__ import annotations
@@ -39,25 +37,24 @@ _MAX_ERRORS = 50
 
 
 class CheckingConnector(RecordingConnector):
-    """RecordingConnector + a data-level check of written K/V against the reference."""
+    """RecordingConnector + where vLLM's views place written K/V, for a data-level check."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
-        self._check_case = extra.get("check_case")
+        self._check_case_name = extra.get("check_case_name")
         self._check_runner = extra.get("check_runner") or "mrv1"
         self._check_calls = int(extra.get("check_calls", DEFAULT_CHECK_CALLS))
         self._check_slots = int(extra.get("check_slots", DEFAULT_CHECK_SLOTS))
         self._kv: dict[str, torch.Tensor] = {}
         self._calls: dict[str, int] = {}
-        self._derivation: Any = None
-        self._derivation_error: str | None = None
+        self._block_sizes = _manager_block_sizes(kv_cache_config)
         if "registered" in self._record:  # worker role (the recorder's own split)
             self._record.update(
                 data_checks=[],
                 data_check_errors=[],
                 check_runner=self._check_runner,
-                check_case_name=(self._check_case or {}).get("name"),
+                check_case_name=self._check_case_name,
             )
             try:
                 self._record["use_v2_model_runner"] = bool(vllm_config.use_v2_model_runner)
@@ -70,21 +67,6 @@ class CheckingConnector(RecordingConnector):
         errors = self._record.setdefault("data_check_errors", [])
         if len(errors) < _MAX_ERRORS:
             errors.append({"where": where, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-3000:]})
-
-    def _reference(self) -> Any:
-        """``derive(case, runner)``, once; None (and recorded why) when it cannot be derived."""
-        if self._derivation is None and self._derivation_error is None:
-            try:
-                if not self._check_case:
-                    raise ValueError("no check_case in kv_connector_extra_config")
-                from reference.config import CaseConfig
-                from reference.derive import derive
-
-                self._derivation = derive(CaseConfig.from_dict(self._check_case), self._check_runner)
-            except Exception as exc:  # noqa: BLE001
-                self._derivation_error = f"{type(exc).__name__}: {exc}"
-                self._record["reference_error"] = self._derivation_error
-        return self._derivation
 
     def _layer_object(self, layer_name: str) -> Any:
         try:
@@ -109,13 +91,7 @@ class CheckingConnector(RecordingConnector):
                 return None, "layer (MLA)"
             if getattr(layer, "head_size", None) is not None:
                 return int(layer.head_size), "layer"
-        d = self._reference()
-        spec = getattr(d, "specs", {}).get(layer_name) if d is not None else None
-        if spec is not None:
-            if spec.kind.is_mla:
-                return None, "reference (MLA)"
-            return int(spec.head_size), "reference"
-        raise LookupError(f"no attention layer object for {layer_name!r} and no reference spec")
+        raise LookupError(f"no attention layer object for {layer_name!r}")
 
     @staticmethod
     def _slot_mapping(layer_name: str, attn_metadata: Any) -> tuple[torch.Tensor | None, str | None]:
@@ -157,7 +133,6 @@ class CheckingConnector(RecordingConnector):
             if getattr(layer, "is_draft_layer", False):
                 drafts.append(name)
         self._record["draft_layers_at_register"] = drafts
-        self._reference()
         self._flush()
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
@@ -173,7 +148,7 @@ class CheckingConnector(RecordingConnector):
         self._flush()
 
     def _check(self, layer_name: str, kv_layer: Any, attn_metadata: Any, calls: int) -> None:
-        from gpu_impl.cuda.datacheck import check_layer
+        from gpu_impl.cuda.datacheck import observe_layer
 
         slots_t, source = self._slot_mapping(layer_name, attn_metadata)
         if slots_t is None:
@@ -185,15 +160,15 @@ class CheckingConnector(RecordingConnector):
         registered = self._kv.get(layer_name)
         if registered is None:
             raise LookupError(f"{layer_name!r} was never registered (register_kv_caches got {sorted(self._kv)})")
+        block_size = self._block_sizes.get(layer_name)
+        if block_size is None:
+            raise LookupError(f"{layer_name!r} is in no KV cache group of the engine's KVCacheConfig")
         if isinstance(kv_layer, (list, tuple)):
             kv_layer = kv_layer[0] if kv_layer else None
         bound = kv_layer if isinstance(kv_layer, torch.Tensor) and kv_layer.numel() else None
-        d = self._reference()
-        if d is None:
-            raise RuntimeError(f"no reference derivation: {self._derivation_error}")
         head_size, head_source = self._head_size(layer_name)
         t0 = time.monotonic()
-        result = check_layer(d, layer_name, registered, slots, head_size, bound=bound, limit=self._check_slots)
+        result = observe_layer(layer_name, registered, slots, head_size, block_size, bound=bound, limit=self._check_slots)
         result.update(
             call=calls,
             slot_mapping_source=source,
@@ -201,16 +176,18 @@ class CheckingConnector(RecordingConnector):
             is_draft_layer=bool(getattr(self._layer_object(layer_name), "is_draft_layer", False)),
             bound_shape=list(bound.shape) if bound is not None else None,
             bound_stride=list(bound.stride()) if bound is not None else None,
+            check_s=round(time.monotonic() - t0, 4),
         )
-        if calls == 0 and result.get("checks"):
-            shift = registered.element_size()
-            control = check_layer(
-                d, layer_name, registered, result["sampled"][:2], head_size, bound=None, limit=2, shift_bytes=shift
-            )
-            result["control_shift_bytes"] = shift
-            result["control_detected"] = not control["ok"]
-        result["check_s"] = round(time.monotonic() - t0, 4)
         self._record["data_checks"].append(result)
+
+
+def _manager_block_sizes(kv_cache_config: Any) -> dict[str, int]:
+    """Per layer, its KV cache group's (manager) block size, from vLLM's ``KVCacheConfig``."""
+    sizes: dict[str, int] = {}
+    for group in getattr(kv_cache_config, "kv_cache_groups", None) or []:
+        for name in group.layer_names:
+            sizes[name] = int(group.kv_cache_spec.block_size)
+    return sizes
 
 
 __all__ = ["CheckingConnector", "DEFAULT_CHECK_CALLS", "DEFAULT_CHECK_SLOTS"]

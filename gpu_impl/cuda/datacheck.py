@@ -1,21 +1,19 @@
-"""The data-level check: a written token read two ways must give the same, non-zero bytes.
+"""What the engine wrote for a token, and where vLLM's own views put it: observation only.
 
-1. Tensor indexing of the view vLLM registered with the KV connector (``[B_k, H, N_k, C]``,
-   or ``[B_k, N_k, C]`` for an MLA layer's bound view): kernel block
-   ``slot // N_k``, offset ``slot % N_k``, all heads, all of C; split into K and V
-   the way vLLM's own cache-update code splits C (``split(head_size, dim=-1)`` for
-   FlashAttention/FlashInfer; the whole latent for MLA).
-2. The raw bytes of the pool (the view's ``untyped_storage``, as a flat uint8 tensor) at
-   the byte runs the REFERENCE predicts for that (layer, logical block, token offset)
-   (``gpu_impl.cuda.addresses.token_bytes``).
+For a sample of the slots one forward step wrote into a layer, the worker records:
 
-They must be identical, and non-zero (the pool is allocated with ``torch.zeros`` and
-dummy weights give non-zero K/V, so zeros mean nothing was written there). Where the
-layer is bound to a different view than the one registered (the kernel-block view of
-``map_kv_caches_to_kernel_blocks``), that view is read too and must agree: it is what
-the cache-update kernel writes through.
+1. where the view vLLM registered with the KV connector (``[B_k, H, N_k, C]``) places the
+   token: for every head, the pool byte runs of its K and its V (``C`` split the way
+   vLLM's cache-update code splits it: ``split(head_size, dim=-1)``; the whole latent for
+   MLA), computed from the view's own storage offset and strides;
+2. whether those bytes are non-zero (the pool is allocated with ``torch.zeros`` and dummy
+   weights give non-zero K/V, so zeros mean nothing was written there);
+3. where the layer's bound view (what the cache-update kernel writes through, when it is
+   not the registered tensor) places the same token, and whether it reads the same bytes.
 
-Works on any device (CPU in the tests, CUDA in the engine); results are plain dicts.
+Nothing here knows what the reference predicts: ``conformance.gpu_verdict`` compares
+the recorded byte runs with ``reference.token_bytes``. Works on any device (CPU in the
+tests, CUDA in the engine); results are plain dicts.
 """
 
 from __future__ import annotations
@@ -24,10 +22,8 @@ from typing import Any, Sequence
 
 import torch
 
-from gpu_impl.cuda.addresses import TokenBytes, layer_block_size, sample_slots, token_bytes
-
-_HEX = 16
-"""Bytes shown per side when a comparison fails."""
+Run = list[int]
+"""``[start, stop)`` byte offsets into the allocation behind a view."""
 
 
 def storage_bytes(t: torch.Tensor) -> torch.Tensor:
@@ -36,158 +32,164 @@ def storage_bytes(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (storage.nbytes(),), (1,))
 
 
-def read_runs(raw: torch.Tensor, runs: Sequence[tuple[int, int]]) -> torch.Tensor:
-    """The bytes of ``runs`` (``[start, stop)`` offsets into ``raw``), concatenated, on CPU."""
-    if not runs:
-        return torch.empty(0, dtype=torch.uint8)
-    hi = max(b for _, b in runs)
-    if hi > raw.numel() or min(a for a, _ in runs) < 0:
-        raise IndexError(f"byte runs reach {hi}, outside the {raw.numel()}-byte allocation")
-    index = torch.cat([torch.arange(a, b, dtype=torch.long) for a, b in runs]).to(raw.device)
-    return raw.index_select(0, index).cpu()
-
-
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A tensor's elements as their raw bytes (row-major), on CPU."""
     return t.contiguous().view(torch.uint8).reshape(-1).cpu()
 
 
-def view_token(view: torch.Tensor, slot: int) -> tuple[torch.Tensor, tuple[int, int]]:
-    """``view[slot // N_k, :, slot % N_k, :]`` (all heads of one token) and the index used.
-
-    A 3-D view is an MLA layer's bound cache (``[B_k, N_k, C]``, the head dim squeezed).
-    """
+def _four_d(view: torch.Tensor) -> torch.Tensor:
+    # A 3-D view is an MLA layer's bound cache ([B_k, N_k, C], the head dim squeezed).
     if view.dim() == 3:
         view = view.unsqueeze(1)
     if view.dim() != 4:
         raise ValueError(f"expected a [B, H, N, C] view, got shape {tuple(view.shape)}")
-    tokens = view.shape[2]
-    kb, off = divmod(int(slot), tokens)
+    return view
+
+
+def view_index(view: torch.Tensor, slot: int) -> tuple[int, int]:
+    """The ``[kernel block, token]`` a slot has in a kernel-block view (``N_k`` tokens each)."""
+    view = _four_d(view)
+    kb, off = divmod(int(slot), view.shape[2])
     if kb >= view.shape[0]:
         raise IndexError(f"slot {slot} is kernel block {kb}, outside the view's {view.shape[0]} blocks")
-    return view[kb, :, off, :], (kb, off)
+    return kb, off
 
 
-def split_kv(row: torch.Tensor, head_size: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """K and V of ``row`` ([H, C]) as vLLM splits them; ``head_size=None``: an MLA latent (no V)."""
-    if head_size is None:
-        return row, None
-    return row[:, :head_size], row[:, head_size:]
+def _runs(view: torch.Tensor, kb: int, head: int, off: int, lo: int, hi: int) -> list[Run]:
+    """Byte runs of ``view[kb, head, off, lo:hi]`` in its allocation (merged when adjacent)."""
+    es = view.element_size()
+    s0, s1, s2, s3 = view.stride()
+    base = view.storage_offset() + kb * s0 + head * s1 + off * s2
+    if s3 == 1:
+        return [[(base + lo) * es, (base + hi) * es]] if hi > lo else []
+    runs: list[Run] = []
+    for c in range(lo, hi):
+        start = (base + c * s3) * es
+        if runs and runs[-1][1] == start:
+            runs[-1][1] = start + es
+        else:
+            runs.append([start, start + es])
+    return runs
 
 
-def _hex(t: torch.Tensor) -> str:
-    return bytes(t[:_HEX].tolist()).hex()
+def token_runs(view: torch.Tensor, slot: int, head_size: int | None) -> dict[str, Any]:
+    """Where ``view`` places one token: per head, the byte runs of K and of V."""
+    view = _four_d(view)
+    kb, off = view_index(view, slot)
+    width = view.shape[3]
+    k_hi = width if head_size is None else head_size
+    heads = [
+        {"head": h, "k": _runs(view, kb, h, off, 0, k_hi), "v": _runs(view, kb, h, off, k_hi, width)}
+        for h in range(view.shape[1])
+    ]
+    return {"index": [kb, off], "heads": heads}
 
 
-def check_token(
-    registered: torch.Tensor,
-    tb: TokenBytes,
-    head_size: int | None,
-    *,
-    bound: torch.Tensor | None = None,
-    raw: torch.Tensor | None = None,
-) -> dict[str, Any]:
-    """Compare one written token: registered-view indexing vs reference bytes (vs bound view)."""
+def _read(raw: torch.Tensor, runs: Sequence[Run]) -> torch.Tensor:
+    if not runs:
+        return torch.empty(0, dtype=torch.uint8)
+    index = torch.cat([torch.arange(a, b, dtype=torch.long) for a, b in runs]).to(raw.device)
+    return raw.index_select(0, index).cpu()
+
+
+def observe_token(registered: torch.Tensor, slot: int, head_size: int | None, *, bound: torch.Tensor | None = None) -> dict[str, Any]:
+    """One written token, as vLLM's registered (and bound) views place it."""
+    placed = token_runs(registered, slot, head_size)
+    raw = storage_bytes(registered)
+    k = _read(raw, [r for h in placed["heads"] for r in h["k"]])
+    v = _read(raw, [r for h in placed["heads"] for r in h["v"]])
     out: dict[str, Any] = {
-        "slot": tb.slot,
-        "block_id": tb.block_id,
-        "offset": tb.offset,
-        "kernel_block_id": tb.kernel_block_id,
-        "kernel_offset": tb.kernel_offset,
+        "slot": int(slot),
+        "registered_index": placed["index"],
+        "heads": placed["heads"],
+        "k_nonzero": bool(k.any()) if k.numel() else False,
+        "v_nonzero": None if head_size is None else (bool(v.any()) if v.numel() else False),
     }
-    row, index = view_token(registered, tb.slot)
-    out["registered_index"] = list(index)
-    reg_k, reg_v = split_kv(row, head_size)
-    if raw is None:
-        raw = storage_bytes(registered)
-    ref_k = read_runs(raw, tb.k_runs)
-    ref_v = read_runs(raw, tb.v_runs)
-    tk = as_bytes(reg_k)
-    out["k_nbytes"] = int(tk.numel())
-    out["k_equal"] = bool(torch.equal(tk, ref_k))
-    out["k_nonzero"] = bool(ref_k.any()) if ref_k.numel() else False
-    problems: list[str] = []
-    if not out["k_equal"]:
-        problems.append(f"K: view {tk.numel()} B {_hex(tk)}.. != reference {ref_k.numel()} B {_hex(ref_k)}..")
-    elif not out["k_nonzero"]:
-        problems.append("K: all zero at the reference address (nothing written there)")
-    if reg_v is None:
-        out["v_equal"] = ref_v.numel() == 0
-        out["v_nonzero"] = None
-        if not out["v_equal"]:
-            problems.append(f"V: the layer has no V but the reference predicts {ref_v.numel()} V bytes")
-    else:
-        tv = as_bytes(reg_v)
-        out["v_nbytes"] = int(tv.numel())
-        out["v_equal"] = bool(torch.equal(tv, ref_v))
-        out["v_nonzero"] = bool(ref_v.any()) if ref_v.numel() else False
-        if not out["v_equal"]:
-            problems.append(f"V: view {tv.numel()} B {_hex(tv)}.. != reference {ref_v.numel()} B {_hex(ref_v)}..")
-        elif not out["v_nonzero"]:
-            problems.append("V: all zero at the reference address (nothing written there)")
     if bound is not None:
         same_storage = bound.untyped_storage().data_ptr() == registered.untyped_storage().data_ptr()
         out["bound_same_storage"] = bool(same_storage)
-        brow, bindex = view_token(bound, tb.slot)
-        out["bound_index"] = list(bindex)
-        out["bound_equal"] = bool(same_storage and torch.equal(as_bytes(brow), as_bytes(row)))
-        if not out["bound_equal"]:
-            problems.append(
-                "the layer's bound view (what the cache-update kernel writes through) holds other bytes "
-                f"at [{bindex[0]}, :, {bindex[1]}] than the registered view at [{index[0]}, :, {index[1]}]"
-                + ("" if same_storage else " (different allocations)")
-            )
-    out["ok"] = not problems
-    if problems:
-        out["problems"] = problems
+        through_bound = token_runs(bound, slot, head_size)
+        out["bound_index"] = through_bound["index"]
+        out["bound_heads"] = through_bound["heads"]
+        kb, off = through_bound["index"]
+        rb, ro = placed["index"]
+        out["bound_equal"] = bool(
+            same_storage and torch.equal(as_bytes(_four_d(bound)[kb, :, off, :]), as_bytes(_four_d(registered)[rb, :, ro, :]))
+        )
     return out
 
 
-def check_layer(
-    d,
+def sample_slots(slots: Sequence[int], block_size: int, kernel_block_size: int, limit: int = 8) -> list[int]:
+    """A few written slots that cover every kernel sub-block the batch touched.
+
+    ``slots`` is a slot mapping (PAD = -1 entries are dropped). Picked, in order, until
+    ``limit``: the first and last slot, then for each kernel sub-block index
+    ``j = (slot % block_size) // kernel_block_size`` its first and last slot (so a
+    128-token block split into 64-token kernel blocks is checked in both halves), then
+    the slots at the end of a kernel block (offset ``kernel_block_size - 1``). Sorted,
+    without duplicates; deterministic. Both sizes are vLLM's (the group's manager block
+    size, the registered view's tokens per kernel block).
+    """
+    if limit <= 0:
+        return []
+    written = [int(s) for s in slots if int(s) >= 0]
+    if not written:
+        return []
+    picked: dict[int, None] = {}
+
+    def take(s: int) -> None:
+        if len(picked) < limit:
+            picked.setdefault(s, None)
+
+    take(written[0])
+    take(written[-1])
+    by_sub: dict[int, list[int]] = {}
+    for s in written:
+        by_sub.setdefault((s % block_size) // kernel_block_size, []).append(s)
+    for j in sorted(by_sub):
+        take(by_sub[j][0])
+        take(by_sub[j][-1])
+    for s in written:
+        if s % kernel_block_size == kernel_block_size - 1:
+            take(s)
+    return sorted(picked)
+
+
+def observe_layer(
     layer: str,
     registered: torch.Tensor,
     slots: Sequence[int],
     head_size: int | None,
+    block_size: int,
     *,
     bound: torch.Tensor | None = None,
     limit: int | None = 8,
-    shift_bytes: int = 0,
 ) -> dict[str, Any]:
-    """Check a sample of the slots one forward step wrote for ``layer`` (``d``: a Derivation).
+    """A sample of the slots one step wrote for ``layer``, as vLLM's views place them.
 
-    ``limit``: how many slots ``sample_slots`` picks; None checks every written slot.
-    ``shift_bytes`` moves every reference address (a deliberately wrong prediction: the
-    check must then fail). Never raises for a data problem: everything is in the result;
-    ``ok`` is True only if at least one slot was checked and every check passed.
+    ``block_size`` is the layer's manager block size (its KV cache group's, from vLLM's
+    ``KVCacheConfig``); ``limit`` how many slots ``sample_slots`` picks (None: every
+    written slot). Never raises for one slot's problem: it is recorded in its entry.
     """
     written = [int(s) for s in slots if int(s) >= 0]
-    result: dict[str, Any] = {"layer": layer, "num_written": len(written), "head_size": head_size}
-    if layer not in d.registered:
-        result.update(ok=False, error=f"layer {layer!r} is not in the reference's registered views")
-        return result
-    ref_view = d.registered[layer]
-    if limit is None:
-        sample = sorted(set(written))
-    else:
-        sample = sample_slots(written, layer_block_size(d, layer), ref_view.kernel_block_size, limit)
-    result["sampled"] = sample
-    raw = storage_bytes(registered)
-    checks = []
+    kernel_block_size = _four_d(registered).shape[2]
+    sample = sorted(set(written)) if limit is None else sample_slots(written, block_size, kernel_block_size, limit)
+    tokens = []
     for slot in sample:
         try:
-            tb = token_bytes(d, layer, slot)
-            if shift_bytes:
-                tb = tb.shifted(shift_bytes)
-            checks.append(check_token(registered, tb, head_size, bound=bound, raw=raw))
+            tokens.append(observe_token(registered, slot, head_size, bound=bound))
         except Exception as exc:  # noqa: BLE001 - one slot's failure is a result, not a crash
-            checks.append({"slot": slot, "ok": False, "problems": [f"{type(exc).__name__}: {exc}"]})
-    result["checks"] = checks
-    result["failures"] = sum(not c["ok"] for c in checks)
-    result["ok"] = bool(checks) and result["failures"] == 0
-    if not checks:
-        result["error"] = "no written slot in this step's slot mapping"
-    return result
+            tokens.append({"slot": slot, "error": f"{type(exc).__name__}: {exc}"})
+    return {
+        "layer": layer,
+        "num_written": len(written),
+        "head_size": head_size,
+        "block_size": int(block_size),
+        "kernel_block_size": int(kernel_block_size),
+        "element_size": registered.element_size(),
+        "sampled": sample,
+        "tokens": tokens,
+    }
 
 
-__all__ = ["as_bytes", "check_layer", "check_token", "read_runs", "split_kv", "storage_bytes", "view_token"]
+__all__ = ["as_bytes", "observe_layer", "observe_token", "sample_slots", "storage_bytes", "token_runs", "view_index"]

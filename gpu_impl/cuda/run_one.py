@@ -69,7 +69,7 @@ def engine_kwargs(spec: dict[str, Any], workdir: Path, record_dir: Path) -> dict
     extra = {
         "record_dir": str(record_dir),
         "record_tag": spec["run_id"],
-        "check_case": spec["case"],
+        "check_case_name": spec["case"].get("name"),
         "check_runner": spec["runner"],
         **spec.get("check", {}),
     }

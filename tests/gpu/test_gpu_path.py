@@ -1,7 +1,7 @@
 """The full GPU path on a real CUDA GPU: the smallest scenario under both model runners.
 
 Skipped (with the reason) where there is no nvidia-smi (the project's pytest plugin), no
-usable CUDA device or no vLLM. Runs ``python -m gpu_impl.cuda --scenario fa-b16``
+usable CUDA device or no vLLM. Runs ``python -m conformance.gpu_check --scenario fa-b16``
 (what ``scripts/gpu_check.sh`` runs for every scenario): the real ``vllm.LLM`` with a
 dummy-weight Qwen3-like model, once with MRv1 and once with MRv2, each in its own
 process; every registered tensor must match the reference, every written slot the
@@ -37,7 +37,7 @@ def cuda_ready() -> None:
 
 def test_smallest_scenario_both_runners(cuda_ready, tmp_path):
     cmd = [
-        sys.executable, "-m", "gpu_impl.cuda",
+        sys.executable, "-m", "conformance.gpu_check",
         "--scenario", SMALLEST, "--out", str(tmp_path), "--jobs", "2", "--budget-s", "360", "--timeout-s", "300",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=480)

@@ -14,16 +14,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED = {"reference", "reference.config", "reference.errors"}
 
-PREDICTION_CODE_STILL_IN_THE_GPU_TREE = {
-    # The GPU check's own verdict and byte predictions, to move into reference/ and
-    # conformance/ (issue 11, "the reference is the only predictor"). Each entry must
-    # still need its exemption, so the list can only shrink.
-    "gpu_impl/cuda/addresses.py",
-    "gpu_impl/cuda/connector.py",
-    "gpu_impl/cuda/summary.py",
-}
-
-
 def _reference_imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
@@ -48,13 +38,8 @@ def _violations() -> dict[str, set[str]]:
 
 
 def test_drivers_import_only_the_case_description_from_the_reference() -> None:
-    violations = {p: sorted(m) for p, m in _violations().items() if p not in PREDICTION_CODE_STILL_IN_THE_GPU_TREE}
+    violations = {p: sorted(m) for p, m in _violations().items()}
     assert violations == {}, f"gpu_impl/ modules import reference internals: {violations}"
-
-
-def test_every_exemption_is_still_needed() -> None:
-    stale = sorted(PREDICTION_CODE_STILL_IN_THE_GPU_TREE - set(_violations()))
-    assert stale == [], f"no longer import reference internals (drop them from the exemption list): {stale}"
 
 
 def test_the_check_sees_a_planted_import(tmp_path: Path) -> None:

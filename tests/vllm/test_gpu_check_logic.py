@@ -3,8 +3,9 @@
 What runs on a GPU machine only (``scripts/gpu_check.sh``, ``tests/gpu``) is the engine
 itself; everything it relies on is tested here:
 
-- the reference byte addresses of a (layer, slot) (``gpu_impl.cuda.addresses``);
-- the data check (``gpu_impl.cuda.datacheck``) on REAL CPU tensors built the way the
+- the reference byte addresses of a (layer, slot) (``reference.token_bytes``);
+- the data check, observation (``gpu_impl.cuda.datacheck``: where vLLM's views put a
+  written token) judged by ``conformance.gpu_verdict``, on REAL CPU tensors built the way the
   runners build them: vLLM's ``get_kv_cache_config_from_groups`` ->
   ``prepare_kernel_block_sizes`` -> ``allocate_kv_cache(device=cpu)`` ->
   ``map_kv_caches_to_kernel_blocks``, with marker K/V written through the bound view
@@ -28,7 +29,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpu_impl.cuda import addresses, models, scenarios, summary
+from conformance import gpu_verdict as summary
+from gpu_impl.cuda import models, scenarios
+from reference import token_bytes as addresses
 from reference.config import CaseConfig, uniform_layers
 from reference.derive import derive
 from suites.named_cases import get_case
@@ -192,15 +195,24 @@ def test_token_bytes_rejects_bad_slots():
 
 def test_sample_slots_covers_both_kernel_halves():
     slots = list(range(128, 128 + 100)) + [-1, -1]  # block 1, offsets 0..99, padded
-    picked = addresses.sample_slots(slots, 128, 64, limit=8)
+    picked = datacheck().sample_slots(slots, 128, 64, limit=8)
     assert picked == sorted(set(picked)) and len(picked) <= 8
     assert {(s % 128) // 64 for s in picked} == {0, 1}
     assert 128 in picked and 227 in picked and 128 + 63 in picked
-    assert addresses.sample_slots([-1, -1], 128, 64) == []
-    assert addresses.sample_slots([5, 6], 16, 16, limit=0) == []
+    assert datacheck().sample_slots([-1, -1], 128, 64) == []
+    assert datacheck().sample_slots([5, 6], 16, 16, limit=0) == []
 
 
 # --- the data check on vLLM's own CPU tensors ------------------------------------------------
+
+
+def judged(d, layer: str, registered, slots, head_size, *, bound=None, shift_bytes: int = 0, limit=None) -> list[list[str]]:
+    """The worker's observation of ``slots`` judged by the verdict code: problems per token."""
+    observed = datacheck().observe_layer(
+        layer, registered, slots, head_size, addresses.layer_block_size(d, layer), bound=bound, limit=limit
+    )
+    assert observed["sampled"] == (sorted(set(s for s in slots if s >= 0)) if limit is None else observed["sampled"])
+    return [summary.judge_token(d, layer, token, shift_bytes=shift_bytes) for token in observed["tokens"]], observed
 
 
 @pytest.mark.parametrize("name", sorted(DATA_CASES))
@@ -213,10 +225,9 @@ def test_data_check_passes_on_vllm_views(written, name):
         assert t.untyped_storage().nbytes() == view.storage_nbytes
     assert tuple(w.kbs) == w.d.kernel_block_sizes
     for layer in w.kv:
-        res = datacheck().check_layer(w.d, layer, w.kv[layer], w.slots[layer], head_size_of(w.d, layer), bound=w.bound[layer], limit=None)
-        assert res["ok"], json.dumps(res, indent=1)[:3000]
-        assert res["sampled"] == sorted(set(w.slots[layer]))
-        assert all(c["k_nonzero"] and c["bound_equal"] for c in res["checks"])
+        problems, observed = judged(w.d, layer, w.kv[layer], w.slots[layer], head_size_of(w.d, layer), bound=w.bound[layer])
+        assert problems and not any(problems), json.dumps(observed, indent=1)[:3000]
+        assert all(t["k_nonzero"] and t["bound_equal"] for t in observed["tokens"])
 
 
 @pytest.mark.parametrize("name", ["flashinfer-b128-k64", "flashinfer-b128-k64-hnd", "mla-b128-k64", "mla-gqa-draft-b128-k64"])
@@ -224,20 +235,20 @@ def test_data_check_fails_one_element_off(written, name):
     """The corrupted prediction: every reference address one element (2 bytes) late."""
     w = written(name)
     for layer in w.kv:
-        res = datacheck().check_layer(w.d, layer, w.kv[layer], w.slots[layer], head_size_of(w.d, layer), shift_bytes=2)
-        assert not res["ok"] and res["failures"] == len(res["checks"]) > 0, layer
-        # One element late is still inside the pool except past its very last byte (IndexError).
-        assert all(not c.get("k_equal", False) for c in res["checks"])
-        assert sum("k_equal" in c for c in res["checks"]) >= len(res["checks"]) - 1
+        problems, _ = judged(w.d, layer, w.kv[layer], w.slots[layer], head_size_of(w.d, layer), shift_bytes=2)
+        assert problems and all(problems), layer
+        assert all("the reference at" in p[0] for p in problems)
 
 
 def test_data_check_fails_where_nothing_was_written(written):
     w = written("flashinfer-b128-k64")
     layer = "model.layers.0.self_attn.attn"
-    res = datacheck().check_layer(w.d, layer, w.kv[layer], [2 * 128 + 3], 128)  # block 2: never written
-    assert not res["ok"]
-    assert res["checks"][0]["k_equal"] and not res["checks"][0]["k_nonzero"]
-    assert "all zero" in res["checks"][0]["problems"][0]
+    (problems,), observed = judged(w.d, layer, w.kv[layer], [2 * 128 + 3], 128)  # block 2: never written
+    assert not observed["tokens"][0]["k_nonzero"]
+    assert problems == [
+        "K: all zero where the registered view puts it (nothing written there)",
+        "V: all zero where the registered view puts it (nothing written there)",
+    ]
 
 
 @pytest.mark.parametrize("name, caught", [("flashinfer-b128-k64-hnd", True), ("flashinfer-b128-k64", False)])
@@ -263,12 +274,12 @@ def test_data_check_on_an_unsplit_registered_view(name, caught):
     slots = [128 + 70, 2 * 128 + 100]
     for s in slots:
         kernel_write(bound[layer], s, 128, salt=s)
-    good = datacheck().check_layer(d, layer, kv[layer], slots, 128, bound=bound[layer])
-    bad = datacheck().check_layer(d, layer, unsplit, slots, 128, bound=bound[layer])
-    assert good["ok"]
-    assert bad["ok"] is not caught
+    good, _ = judged(d, layer, kv[layer], slots, 128, bound=bound[layer])
+    bad, observed = judged(d, layer, unsplit, slots, 128, bound=bound[layer])
+    assert not any(good)
+    assert all(bad) is caught and any(bad) is caught
     if caught:
-        assert all(not c["bound_equal"] and not c["k_equal"] for c in bad["checks"])
+        assert all(not t["bound_equal"] for t in observed["tokens"])
 
 
 def test_storage_read_and_view_indexing_helpers():
@@ -276,16 +287,18 @@ def test_storage_read_and_view_indexing_helpers():
     buf = torch.arange(64, dtype=torch.int16)
     raw = dc.storage_bytes(buf[8:])  # a view: the whole storage, from byte 0
     assert raw.numel() == 128 and raw.dtype == torch.uint8
-    assert dc.read_runs(raw, [(0, 2), (126, 128)]).tolist() == [0, 0, 63, 0]
-    with pytest.raises(IndexError):
-        dc.read_runs(raw, [(120, 130)])
     v = torch.zeros(3, 2, 4, 6)
-    row, index = dc.view_token(v, 9)
-    assert index == (2, 1) and tuple(row.shape) == (2, 6)
-    row3, index3 = dc.view_token(torch.zeros(3, 4, 6), 9)  # MLA bound view
-    assert index3 == (2, 1) and tuple(row3.shape) == (1, 6)
+    assert dc.view_index(v, 9) == (2, 1)
+    assert dc.view_index(torch.zeros(3, 4, 6), 9) == (2, 1)  # MLA bound view
     with pytest.raises(IndexError):
-        dc.view_token(v, 12)
+        dc.view_index(v, 12)
+    # Token 9 = [2, :, 1, :] of a contiguous fp32 view; K is the first 4 of C = 6.
+    placed = dc.token_runs(v, 9, 4)
+    head0 = (2 * 48 + 0 * 24 + 1 * 6) * 4
+    assert placed["heads"][0] == {"head": 0, "k": [[head0, head0 + 16]], "v": [[head0 + 16, head0 + 24]]}
+    # A strided last dim gives one run per element (merged where adjacent).
+    strided = torch.zeros(3, 2, 4, 12)[..., ::2]
+    assert len(dc.token_runs(strided, 0, None)["heads"][0]["k"]) == 6
 
 
 def datacheck():
@@ -297,13 +310,13 @@ def datacheck():
 # --- the connector, end to end on CPU ---------------------------------------------------------
 
 
-def make_connector(tmp_path: Path, case: CaseConfig, runner: str, layer_objects: dict, **extra):
+def make_connector(tmp_path: Path, case: CaseConfig, runner: str, layer_objects: dict, kv_cache_config=None, **extra):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     from gpu_impl.cuda.connector import CheckingConnector
 
     transfer = SimpleNamespace(
-        kv_connector_extra_config={"record_dir": str(tmp_path), "record_tag": case.name, "check_case": case.to_dict(), "check_runner": runner, **extra},
+        kv_connector_extra_config={"record_dir": str(tmp_path), "record_tag": case.name, "check_case_name": case.name, "check_runner": runner, **extra},
         is_kv_producer=True,
     )
 
@@ -316,7 +329,7 @@ def make_connector(tmp_path: Path, case: CaseConfig, runner: str, layer_objects:
         compilation_config=SimpleNamespace(static_forward_context=layer_objects),
         use_v2_model_runner=runner == "mrv2",
     )
-    return CheckingConnector(vllm_config, KVConnectorRole.WORKER, None)
+    return CheckingConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
 
 
 @pytest.mark.parametrize("name", ["gpu-flashinfer-b128-k64", "gpu-mla-b128", "gpu-eagle3-fa-b16"])
@@ -326,7 +339,7 @@ def test_checking_connector_records_and_checks(tmp_path, written, name):
         layer: SimpleNamespace(kv_lora_rank=512, head_size=576) if w.d.specs[layer].kind.is_mla else SimpleNamespace(head_size=w.d.specs[layer].head_size)
         for layer in w.kv
     }
-    conn = make_connector(tmp_path, w.case, "mrv2", objects, check_calls=2, check_slots=4)
+    conn = make_connector(tmp_path, w.case, "mrv2", objects, w.config, check_calls=2, check_slots=4)
     conn.register_kv_caches(w.kv)
     for layer in w.kv:
         metadata = SimpleNamespace(slot_mapping=torch.tensor(w.slots[layer] + [-1, -1]))
@@ -338,14 +351,14 @@ def test_checking_connector_records_and_checks(tmp_path, written, name):
     assert record["data_check_errors"] == []
     checks = record["data_checks"]
     assert len(checks) == 2 * len(w.kv)
-    assert all(c["ok"] and c["slot_mapping_source"] == "attn_metadata" for c in checks)
-    assert all(c["control_detected"] for c in checks if c["call"] == 0)
+    assert all(c["tokens"] and c["slot_mapping_source"] == "attn_metadata" for c in checks)
+    assert all(t["k_nonzero"] and "error" not in t for c in checks for t in c["tokens"])
     # The summarizer's verdict on this record, as the GPU report would carry it.
     report = {"ok": True, "spec": scenarios.build_run_spec(name.removeprefix("gpu-"), "mrv2", SM90), "worker": record}
     analysis = summary.analyze_run(report)
     assert analysis["status"] == "pass", analysis
     expected = sum(
-        2 * len(addresses.sample_slots(w.slots[n], addresses.layer_block_size(w.d, n), w.d.registered[n].kernel_block_size, 4))
+        2 * len(datacheck().sample_slots(w.slots[n], addresses.layer_block_size(w.d, n), w.d.registered[n].kernel_block_size, 4))
         for n in w.kv
     )
     assert analysis["data"]["slots_checked"] == expected >= 2 * 3 * len(w.kv)
@@ -363,12 +376,13 @@ def test_checking_connector_skips_the_cpu_probe_off_cpu(tmp_path):
 def test_checking_connector_reports_a_bad_reference(tmp_path, written):
     w = written("gpu-fa-b16")
     wrong = w.case.with_(layout="LBHNC")  # the reference disagrees with the engine (LBNHC)
-    conn = make_connector(tmp_path, wrong, "mrv1", {n: SimpleNamespace(head_size=128) for n in w.kv})
+    conn = make_connector(tmp_path, wrong, "mrv1", {n: SimpleNamespace(head_size=128) for n in w.kv}, w.config)
     conn.register_kv_caches(w.kv)
     for layer in w.kv:
         conn.save_kv_layer(layer, w.bound[layer], SimpleNamespace(slot_mapping=torch.tensor(w.slots[layer])))
     record = json.loads(next(tmp_path.glob("worker-*.json")).read_text())
-    assert len(record["data_checks"]) == 2 and not any(c["ok"] for c in record["data_checks"])
+    # The worker observes the same whatever the case says: only the judge uses the reference.
+    assert len(record["data_checks"]) == 2 and all(c["tokens"] for c in record["data_checks"])
     spec = scenarios.build_run_spec("fa-b16", "mrv1", SM90)
     spec["case"] = wrong.to_dict()
     analysis = summary.analyze_run({"ok": True, "spec": spec, "worker": record})
@@ -432,7 +446,7 @@ def test_run_one_engine_kwargs_and_records(tmp_path):
     assert kwargs["speculative_config"]["model"] == str(tmp_path / "draft")
     transfer = kwargs["kv_transfer_config"]
     assert transfer["kv_connector"] == "CheckingConnector" and transfer["kv_connector_module_path"] == "gpu_impl.cuda.connector"
-    assert transfer["kv_connector_extra_config"]["check_case"] == spec["case"]
+    assert transfer["kv_connector_extra_config"]["check_case_name"] == spec["case"]["name"]
     assert kwargs["enforce_eager"] and kwargs["load_format"] == "dummy" and kwargs["skip_tokenizer_init"]
     (tmp_path / "records").mkdir()
     (tmp_path / "records" / "worker-1.json").write_text(json.dumps({"role": "worker", "registered": {}}))
@@ -453,9 +467,12 @@ def fake_worker(case: CaseConfig, runner: str) -> dict:
     }
     groups = [{"layer_names": list(g.layer_names), "kv_cache_spec": {"type": "FullAttentionSpec", "block_size": g.spec.block_size}} for g in d.groups]
     tensors = [{"size": t.size, "layers": list(t.layers), "layer_stride": t.layer_stride, "block_stride": t.block_stride, "offset": t.offset} for t in d.plan.tensors]
-    checks = [
-        {"layer": n, "call": 0, "ok": True, "checks": [{"slot": 1, "ok": True}], "control_detected": True} for n in d.registered
-    ]
+    def observed_token(n: str, slot: int) -> dict:
+        tb = addresses.token_bytes(d, n, slot)
+        heads = [{"head": h.head, "k": [list(r) for r in h.k], "v": [list(r) for r in h.v]} for h in tb.heads]
+        return {"slot": slot, "heads": heads, "k_nonzero": True, "v_nonzero": True if tb.v_runs else None}
+
+    checks = [{"layer": n, "call": 0, "tokens": [observed_token(n, 1)], "element_size": v.element_size} for n, v in d.registered.items()]
     return {
         "role": "worker",
         "registered": registered,
@@ -494,7 +511,8 @@ def test_summary_flags_divergences_data_failures_and_runner_differences():
     layer = "model.layers.0.self_attn.attn"
     # The #42846 shape: MRv2 registers the unsplit view.
     bad["worker"]["registered"][layer].update(shape=[16, 8, 128, 256], stride=[131072, 256, 2048, 1])
-    bad["worker"]["data_checks"][0].update(ok=False, checks=[{"slot": 198, "ok": False, "problems": ["K: view .. != reference .."]}])
+    token = bad["worker"]["data_checks"][0]["tokens"][0]
+    bad["worker"]["data_checks"][0]["tokens"] = [dict(token, slot=198)]  # slot 1's bytes reported for 198
     result = summary.summarize({"a": good, "b": bad})
     assert result["runs"]["a"]["status"] == "pass"
     b = result["runs"]["b"]
@@ -509,8 +527,8 @@ def test_summary_flags_divergences_data_failures_and_runner_differences():
 def test_summary_statuses_without_a_verdict():
     unchecked = fake_report("fa-b16", "mrv1")
     unchecked["worker"]["data_checks"] = unchecked["worker"]["data_checks"][:1]
-    missed = fake_report("fa-b16", "mrv2")
-    missed["worker"]["data_checks"][0]["control_detected"] = False
+    unwritten = fake_report("fa-b16", "mrv2")
+    unwritten["worker"]["data_checks"][0]["tokens"][0]["k_nonzero"] = False
     wrong_runner = fake_report("mla-b128", "mrv1")
     wrong_runner["worker"]["use_v2_model_runner"] = True
     runs = {
@@ -520,7 +538,7 @@ def test_summary_statuses_without_a_verdict():
         "skipped": {"spec": scenarios.build_run_spec("fa-b16", "mrv2", SM90), "skipped": "time budget"},
         "missing": None,
         "unchecked": unchecked,
-        "missed": missed,
+        "unwritten": unwritten,
         "wrong_runner": wrong_runner,
     }
     result = summary.summarize(runs)
@@ -532,7 +550,7 @@ def test_summary_statuses_without_a_verdict():
         "skipped": "skipped",
         "missing": "missing",
         "unchecked": "fail",
-        "missed": "fail",
+        "unwritten": "fail",
         "wrong_runner": "error",
     }
     assert "ValueError: boom" in result["runs"]["error"]["reasons"][0]
@@ -547,7 +565,7 @@ def test_summary_statuses_without_a_verdict():
 def test_cli_exits_5_with_one_line_without_a_gpu(tmp_path):
     env = dict(os.environ, PATH=str(tmp_path), PYTHONPATH=str(ROOT))  # no nvidia-smi on this PATH
     proc = subprocess.run(
-        [sys.executable, "-m", "gpu_impl.cuda", "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "conformance.gpu_check", "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 5
     assert proc.stdout == ""
@@ -578,7 +596,7 @@ json.dump({"run_id": spec["run_id"], "spec": spec, "ok": True, "stage": "done", 
 def test_run_all_runs_in_parallel_times_out_and_skips(tmp_path):
     import time
 
-    from gpu_impl.cuda import cli
+    from conformance import gpu_check as cli
 
     stub = tmp_path / "fake-python"
     stub.write_text(FAKE_RUN_ONE)
@@ -603,7 +621,7 @@ def test_run_all_runs_in_parallel_times_out_and_skips(tmp_path):
 
 
 def test_cli_usage_and_list():
-    from gpu_impl.cuda import cli
+    from conformance import gpu_check as cli
 
     assert cli.main(["--scenario", "no-such-scenario"]) == 4
     assert cli.main(["--jobs", "0"]) == 4

@@ -1,8 +1,9 @@
 """Where the reference says one written token lives: byte runs of its K and V, per head.
 
-The data check of the GPU path reads a written token twice: through tensor indexing
-of the view vLLM registered, and as raw pool bytes at the addresses computed here.
-Everything here is the reference's prediction (``reference.derive.Derivation``):
+The GPU path's worker observes where vLLM's own views place each written token
+(``gpu_impl.cuda.datacheck``); ``conformance.gpu_verdict`` compares those byte runs with
+the ones predicted here. Everything here is the reference's prediction
+(``reference.derive.Derivation``):
 
 - the token's chunk for head ``h``: the reference's registered ``TensorView`` element
   ``[kernel_block, h, kernel_offset, 0:C]`` in bytes (the view's element strides are the
@@ -24,7 +25,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple
 
 from reference.errors import ConfigError, NotModeledError
 from reference.views import Region
@@ -199,39 +200,4 @@ def token_bytes(d, layer: str, slot: int) -> TokenBytes:
     )
 
 
-def sample_slots(slots: Sequence[int], block_size: int, kernel_block_size: int, limit: int = 8) -> list[int]:
-    """A few written slots that cover every kernel sub-block the batch touched.
-
-    ``slots`` is a slot mapping (PAD = -1 entries are dropped). Picked, in order, until
-    ``limit``: the first and last slot, then for each kernel sub-block index
-    ``j = (slot % block_size) // kernel_block_size`` its first and last slot (so a
-    128-token block split into 64-token kernel blocks is checked in both halves), then
-    the slots at the end of a kernel block (offset ``kernel_block_size - 1``). Sorted,
-    without duplicates; deterministic.
-    """
-    if limit <= 0:
-        return []
-    written = [int(s) for s in slots if int(s) >= 0]
-    if not written:
-        return []
-    picked: dict[int, None] = {}
-
-    def take(s: int) -> None:
-        if len(picked) < limit:
-            picked.setdefault(s, None)
-
-    take(written[0])
-    take(written[-1])
-    by_sub: dict[int, list[int]] = {}
-    for s in written:
-        by_sub.setdefault((s % block_size) // kernel_block_size, []).append(s)
-    for j in sorted(by_sub):
-        take(by_sub[j][0])
-        take(by_sub[j][-1])
-    for s in written:
-        if s % kernel_block_size == kernel_block_size - 1:
-            take(s)
-    return sorted(picked)
-
-
-__all__ = ["HeadBytes", "Run", "TokenBytes", "layer_block_size", "runs_nbytes", "sample_slots", "token_bytes"]
+__all__ = ["HeadBytes", "Run", "TokenBytes", "layer_block_size", "runs_nbytes", "token_bytes"]

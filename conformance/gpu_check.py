@@ -1,8 +1,11 @@
-"""The GPU path's entry point: every scenario x runner in its own process, then a summary.
+"""The GPU check: every scenario x runner observed in its own process, then judged.
 
-    python -m gpu_impl.cuda [--out DIR] [--scenario NAME ...] [--runner mrv1|mrv2 ...]
+The runs are ``gpu_impl.cuda.run_one`` (the real engine, observed by the
+``CheckingConnector``); the verdicts are ``conformance.gpu_verdict``'s.
+
+    python -m conformance.gpu_check [--out DIR] [--scenario NAME ...] [--runner mrv1|mrv2 ...]
                             [--jobs N] [--budget-s S] [--timeout-s S] [--draft-method eagle|eagle3]
-    python -m gpu_impl.cuda --list
+    python -m conformance.gpu_check --list
 
 Steps: (1) a CUDA GPU must be visible (``nvidia-smi -L`` lists one and
 ``torch.cuda.is_available()``); otherwise ONE line on stderr and exit 5 (nothing ran).
@@ -34,9 +37,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpu_impl.cuda import scenarios as sc
-from gpu_impl.cuda.summary import format_summary, summarize
+from conformance.gpu_verdict import format_summary, summarize
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET_S = 450.0
 DEFAULT_TIMEOUT_S = 300.0
 DEFAULT_JOBS = 4
@@ -253,7 +256,7 @@ def run_all(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gpu_impl.cuda", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m conformance.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--out", default=os.environ.get("OUT") or str(ROOT / "out" / "gpu-check"), help="report directory (default: $OUT, else out/gpu-check)"
     )
@@ -328,3 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["DEFAULT_BUDGET_S", "child_env", "cuda_device", "gpu_problem", "main", "run_all"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
