@@ -237,10 +237,9 @@ def compare(case: CaseConfig, runner: str, observation: Any) -> Comparison:
     _cmp_tensors(c, "tensor_placement", expected.plan.tensors, observation.tensors)
     c.cmp("kernel_block_size", "kernel_block_sizes", list(expected.kernel_block_sizes), list(observation.kernel_block_sizes))
     drafts = _draft_layers(case)
-    observed_builders = getattr(observation, "builder_kernel_block_sizes", _MISSING)
-    if observed_builders is not _MISSING:
-        # Only drivers that run the metadata-builder pass provide it.
-        observed_builders = observed_builders or {}
+    observed_builders = getattr(observation, "builder_kernel_block_sizes", None)
+    if observed_builders is not None:
+        # Only drivers that observe the runner's metadata builders provide it.
         # Targets and drafts apart: the drafter builds its own attention groups
         # (MRv1 drafter.initialize_attn_backend, MRv2 speculator), a separate code path.
         targets = {n: k for n, k in expected.builder_kernel_block_sizes.items() if n not in drafts}

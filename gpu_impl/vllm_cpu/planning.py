@@ -99,11 +99,13 @@ class Observation:
     tensors: tuple[TensorObs, ...] = ()
     kernel_block_sizes: tuple[int, ...] = ()
     registered: dict[str, ViewObs] = field(default_factory=dict)
-    bound_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Shapes after ``map_kv_caches_to_kernel_blocks`` (what layers are bound to)."""
-    builder_kernel_block_sizes: dict[str, int] = field(default_factory=dict)
-    """Per attention layer: the block size its metadata builder gets
-    (``create_metadata_builders``' per-backend ``select_common_block_size``)."""
+    bound_shapes: dict[str, tuple[int, ...]] | None = field(default_factory=dict)
+    """Shapes of the caches the layers were bound to (``bind_kv_cache``); None when not
+    observed (the ``shared`` fallback binds nothing)."""
+    builder_kernel_block_sizes: dict[str, int] | None = field(default_factory=dict)
+    """Per attention layer: the block size of the spec its metadata builder was built
+    with (the runner's ``create_metadata_builders``); None when not observed (the
+    ``shared`` fallback builds no builders)."""
     cache_block_size: int | None = None
     """``cache_config.block_size`` after planning (engine core: min over prefix-cacheable groups)."""
     scheduler_block_size: int | None = None
@@ -484,32 +486,6 @@ def _attention_groups(kv_cache_config, backends):
     return out
 
 
-def _metadata_builder_pass(attn_groups, kernel_block_sizes) -> dict[str, int]:
-    """The kernel-size lines of ``AttentionGroup.create_metadata_builders``.
-
-    Real builders need CUDA (and MLA builders real layers), so only the part that
-    decides ``kernel_block_size`` runs, verbatim: a packed group's backend may still
-    ask for smaller blocks than the group was split into. Returns, per attention
-    layer, the block size its builder's spec gets (``copy_with_new_block_size``).
-    MRv1's drafter (``drafter.initialize_attn_backend``) and MRv2's speculator run
-    the same pass over their own groups of the draft layers, with the same inputs.
-    """
-    from vllm.v1.kv_cache_interface import AttentionSpec
-    from vllm.v1.worker.utils import select_common_block_size
-
-    per_layer: dict[str, int] = {}
-    for gid, groups in enumerate(attn_groups):
-        kbs = kernel_block_sizes[gid] if gid < len(kernel_block_sizes) else None
-        for group in groups:
-            spec = group.kv_cache_spec
-            if kbs is not None and isinstance(spec, AttentionSpec):
-                k = select_common_block_size(kbs, [group.backend], [spec])
-                if k != spec.block_size:
-                    group.kernel_block_size = k
-                per_layer.update(dict.fromkeys(group.layer_names, k))
-    return per_layer
-
-
 def _scheduler_block_sizes(vc, kv_cache_config) -> tuple[int, int, int]:
     """``EngineCore._initialize_kv_caches`` after planning: (cache_config.block_size,
     scheduler block size, hash block size), with vLLM's ``resolve_kv_cache_block_sizes``."""
@@ -722,9 +698,11 @@ def _bound_outside_registered(bound, registered) -> tuple[str, ...]:
 
 
 def _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result) -> None:
-    """The fallback where a runner cannot be built: the shared ``v1/worker/utils.py`` functions."""
+    """The fallback where a runner cannot be built: the shared ``v1/worker/utils.py``
+    functions. No metadata builder is constructed here (the runner's own code does that),
+    so builder block sizes and bound views are not observed (left None)."""
     import torch
-    from vllm.v1.worker.utils import allocate_kv_cache, map_kv_caches_to_kernel_blocks, prepare_kernel_block_sizes
+    from vllm.v1.worker.utils import allocate_kv_cache, prepare_kernel_block_sizes
 
     with _stage("attention_groups"):
         # Both runners' initialize_kv_cache call it (MRv1 in initialize_attn_backend).
@@ -739,10 +717,8 @@ def _initialize_through_shared_functions(kv_cache_config, layout, backends, laye
     with _stage("allocate"):
         kv_caches = allocate_kv_cache(kv_cache_config, torch.device("meta"), layout, kernel_block_sizes)
     result["registered"] = {name: _view(t) for name, t in kv_caches.items()}
-    with _stage("bind"):
-        result["builder_kernel_block_sizes"] = _metadata_builder_pass(attn_groups, kernel_block_sizes)
-        bound = map_kv_caches_to_kernel_blocks(kv_caches, (g for gs in attn_groups for g in gs))
-    result["bound_shapes"] = {name: tuple(t.shape) for name, t in bound.items()}
+    result["builder_kernel_block_sizes"] = None
+    result["bound_shapes"] = None
 
 
 def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observation:

@@ -62,7 +62,13 @@ def vllm_kv_caches(case: CaseConfig, runner: str = "mrv1", *, kernel_block_sizes
         config = kvp.get_kv_cache_config_from_groups(vc, groups, case.num_blocks * kvp._pool_bytes_per_block(vc, groups))
         attn_groups = planning._attention_groups(config, backends)
         kbs = prepare_kernel_block_sizes(config, attn_groups) if kernel_block_sizes is None else kernel_block_sizes
-        planning._metadata_builder_pass(attn_groups, kbs)
+        # vLLM's own builders mark the groups whose views map to kernel blocks.
+        from gpu_impl.vllm_cpu import runners, shims
+
+        with shims.cuda_on_meta(), runners.initialisation_environment(case):
+            for gid, groups in enumerate(attn_groups):
+                for group in groups:
+                    group.create_metadata_builders(vc, torch.device("cpu"), kbs[gid] if gid < len(kbs) else None)
         kv = allocate_kv_cache(config, torch.device("cpu"), layout, kbs)
         bound = map_kv_caches_to_kernel_blocks(kv, (g for gs in attn_groups for g in gs))
     return kv, bound, kbs, config, layout
