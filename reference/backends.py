@@ -129,6 +129,9 @@ class BackendInfo:
     supports_cross_attention: bool = False
     """``supports_attn_type(AttentionType.ENCODER_DECODER)``: a backend that does not is
     never selected for a cross-attention layer (the platform's selection refuses it)."""
+    runs_on: tuple[tuple[int, ...], str] | None = None
+    """(capability majors, the impl constructor's refusal elsewhere): FLASH_ATTN_MLA's FA3
+    MLA kernels exist on SM90 only (``fa_utils.flash_attn_supports_mla``)."""
     required_block_sizes: tuple[int, ...] | None = None
     """The impl's constructor refuses any other ``--block-size`` (B12X: ``_B12X_SUPPORTED_PAGE_SIZES``)."""
     power_of_two_builder_blocks: bool = False
@@ -300,6 +303,7 @@ BACKENDS: dict[str, BackendInfo] = {
             packing=Packing.MLA_LATENT,
             is_mla=True,
             legacy=_MLA_LEGACY,
+            runs_on=((9,), "FlashAttnMLA is not supported on this device"),
         ),
         BackendInfo(
             "CUTLASS_MLA",

@@ -181,27 +181,10 @@ def _build_layer(layer, cache_config, vc):
                 cache_config=layer_cache,
                 prefix=layer.name,
                 sliding_window=layer.sliding_window if kind == "sliding_window_mla" else None,
-                prefill_backend_cls=_MLAPrefillKernel,
             )
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
-
-
-class _MLAPrefillKernel:
-    """Stands in for the MLA prefill backend (FlashAttention / FlashInfer / TRT-LLM ragged
-    prefill kernels), which the platform selects by GPU and which cannot load on CPU;
-    passed as ``MLAAttention(prefill_backend_cls=...)``."""
-
-    def __init__(self, **_: Any) -> None:
-        pass
-
-    def clone(self) -> "_MLAPrefillKernel":
-        return self
-
-    @staticmethod
-    def get_name() -> str:
-        return "VIRTUAL_PREFILL"
 
 
 def _state_space_layer(layer, fc):

@@ -204,6 +204,30 @@ def _patch_uva(cls) -> None:
     _applied.append(f"no UVA (vllm.v1.worker.gpu.buffer_utils.is_uva_available -> False); {cls.__name__}.device_type = 'cpu'")
 
 
+class VirtualMLAPrefill:
+    """The MLA prefill kernel library of the virtual GPU (a real one picks FlashAttention,
+    FlashInfer or TRT-LLM ragged prefill by GPU; none loads on CPU). The metadata builders
+    clone it; nothing here touches the KV cache."""
+
+    def __init__(self, **_: object) -> None:
+        pass
+
+    def clone(self) -> "VirtualMLAPrefill":
+        return self
+
+    @staticmethod
+    def get_name() -> str:
+        return "VIRTUAL_PREFILL"
+
+    def supports_quant_output(self, *_: object) -> bool:
+        return False
+
+
+def _patch_mla_prefill(cls) -> None:
+    cls.get_mla_prefill_backend_cls = classmethod(lambda c, selector_config=None: VirtualMLAPrefill)
+    _applied.append(f"{cls.__name__}.get_mla_prefill_backend_cls -> a virtual MLA prefill kernel (prefill only, no KV layout)")
+
+
 def _patch_multi_layer_check(cls) -> None:
     # CudaPlatform.check_runner_kv_caches_multi_layer is a no-op (cross and self attention
     # in one decoder block, encoder-decoder models); the Unspecified base raises.
@@ -398,6 +422,7 @@ def apply() -> list[str]:
         _patch_attention_selection(type(current_platform))
         _patch_multi_layer_check(type(current_platform))
         _patch_uva(type(current_platform))
+        _patch_mla_prefill(type(current_platform))
         _patch_device_properties()
         _patch_flash_attn_kernels()
         _patch_flashinfer_artifactory()
