@@ -253,6 +253,15 @@ def _build() -> dict[str, CaseConfig]:
             note="D1 as a refusal: MRv1's auto-selected FlashInfer draft needs 16-token kernel blocks, which "
             "packed (block-outermost) 48-token blocks cannot be split into; MRv2's Triton draft starts.",
         ),
+        CaseConfig(
+            "gqa+flex-draft-b48",
+            _qwen3_like(backend="FLASHINFER")
+            + (LayerConfig("draft.layers.2.attn", backend="FLEX_ATTENTION", num_kv_heads=8, head_size=128, is_draft=True),),
+            block_size=48,
+            num_blocks=4,
+            note="MRv2's speculator gives the FlexAttention draft 48-token blocks (chosen over the draft alone), "
+            "which Flex's builder refuses (not a power of 2); MRv1's drafter gets the runner's 16 and starts.",
+        ),
     ]
     return {c.name: c for c in cases}
 

@@ -120,11 +120,11 @@ class Observation:
     unsupported: str | None = None
     """Why this driver could not run the case on CPU (never a vLLM verdict)."""
     shims: tuple[str, ...] = ()
-    fidelity: str = "shared"
+    fidelity: str | None = None
     """How the observation was made: ``runner`` = the runner's own ``initialize_kv_cache``
     (``gpu_impl.vllm_cpu.runners``); ``shared`` = the shared ``v1/worker/utils.py``
     functions called directly, a fallback where the runner cannot be built (see
-    ``fidelity_reason``)."""
+    ``fidelity_reason``); None when nothing was observed (``unsupported``)."""
     fidelity_reason: str | None = None
     """Why the runner's own code could not be driven for this case (``shared`` only)."""
     bound_outside_registered: tuple[str, ...] = ()

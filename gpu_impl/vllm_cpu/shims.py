@@ -319,6 +319,8 @@ class _RankZeroGroup:
         self.ranks = list(range(world_size))
         self.is_first_rank = True
         self.is_last_rank = world_size == 1
+        self.device_group = None  # no collectives run at initialisation
+        self.cpu_group = None
 
 
 @contextlib.contextmanager

@@ -408,6 +408,8 @@ def test_replay_of_an_engine_report_reruns_only_its_divergent_case_on_the_engine
         return recordings()
 
     monkeypatch.setattr(gpu_impl.engine, "observe_engines", fixed_engine)
+    # The engine is stood in for above: its venv need not exist (a fresh clone has none).
+    monkeypatch.setattr(gpu_impl.engine, "engine_problem", lambda: None)
     assert cli.main(["replay", str(target), "--json", str(tmp_path / "replay.json")]) == 0
     assert seen == [[STARTS]]  # the divergent case only, through the engine
     replay = json.loads((tmp_path / "replay.json").read_text())
