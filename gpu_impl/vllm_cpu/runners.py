@@ -77,6 +77,10 @@ class _DraftBase:
     cache_config: Any = None
     kernel_config: Any = None
 
+    @classmethod
+    def of(cls, vc) -> "_DraftBase":
+        return cls(vc.attention_config, vc.cache_config, vc.kernel_config)
+
 
 def _speculative_stand_in(case) -> SimpleNamespace:
     """The ``SpeculativeConfig`` fields the draft-config builders read (parsed as vLLM parses them)."""
@@ -88,7 +92,7 @@ def _speculative_stand_in(case) -> SimpleNamespace:
 
 def draft_sub_configs(case, runner: str, vc) -> _DraftBase:
     """The attention / cache / kernel config a runner's draft path loads the draft under."""
-    base = _DraftBase(vc.attention_config, vc.cache_config, vc.kernel_config)
+    base = _DraftBase.of(vc)
     spec = _speculative_stand_in(case)
     if runner == "mrv1":
         from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
@@ -102,14 +106,16 @@ def draft_sub_configs(case, runner: str, vc) -> _DraftBase:
 
 @contextlib.contextmanager
 def _sub_configs(vc, subs: _DraftBase) -> Iterator[None]:
-    saved = (vc.attention_config, vc.cache_config, vc.kernel_config)
-    for name in ("attention_config", "cache_config", "kernel_config"):
+    """``vc`` carries ``subs``' sub-configs while the layers under them are built."""
+    saved = _DraftBase.of(vc)
+    names = [f.name for f in dataclasses.fields(_DraftBase)]
+    for name in names:
         object.__setattr__(vc, name, getattr(subs, name))
     try:
         yield
     finally:
-        for name, value in zip(("attention_config", "cache_config", "kernel_config"), saved):
-            object.__setattr__(vc, name, value)
+        for name in names:
+            object.__setattr__(vc, name, getattr(saved, name))
 
 
 # --- the model's layers ------------------------------------------------------------------------
@@ -120,6 +126,18 @@ def _torch_dtype(name: str):
 
     return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "half": torch.float16,
             "float16": torch.float16, "float": torch.float32, "float32": torch.float32}[name]
+
+
+@contextlib.contextmanager
+def _constructing(layer) -> Iterator[None]:
+    """While a layer's constructor selects its backend: the platform's auto-selection
+    answers the case's declared backend (vLLM caches selections per selector config,
+    and the declared answer differs per layer)."""
+    from vllm.v1.attention.selector import _cached_get_attn_backend
+
+    with shims.declared_autoselection(layer.backend):
+        _cached_get_attn_backend.cache_clear()
+        yield
 
 
 def _build_layer(layer, cache_config, vc):
@@ -136,10 +154,7 @@ def _build_layer(layer, cache_config, vc):
 
         common = dict(num_kv_heads=layer.num_kv_heads, cache_config=layer_cache, prefix=layer.name)
         scale = layer.head_size**-0.5
-        with shims.declared_autoselection(layer.backend):
-            from vllm.v1.attention.selector import _cached_get_attn_backend
-
-            _cached_get_attn_backend.cache_clear()
+        with _constructing(layer):
             if kind == "chunked_local":
                 from vllm.model_executor.layers.attention.chunked_local_attention import ChunkedLocalAttention
 
@@ -165,10 +180,8 @@ def _build_layer(layer, cache_config, vc):
             )
     if kind in ("mla", "sliding_window_mla"):
         from vllm.model_executor.layers.attention.mla_attention import MLAAttention
-        from vllm.v1.attention.selector import _cached_get_attn_backend
 
-        with shims.declared_autoselection(layer.backend):
-            _cached_get_attn_backend.cache_clear()
+        with _constructing(layer):
             return MLAAttention(
                 heads,
                 layer.head_size**-0.5,
@@ -234,7 +247,7 @@ def build_layers(case, runner: str, vc) -> dict[str, Any]:
     dcp = shims.decode_context_parallel_group(case.decode_context_parallel_size)
     with shims.cuda_on_meta(), dcp, set_default_torch_dtype(_torch_dtype(case.model_dtype)):
         for layer in case.layers:
-            subs = draft if layer.is_draft else _DraftBase(vc.attention_config, vc.cache_config, vc.kernel_config)
+            subs = draft if layer.is_draft else _DraftBase.of(vc)
             with _sub_configs(vc, subs):
                 obj = _build_layer(layer, subs.cache_config, vc)
             if layer.is_draft:
@@ -251,13 +264,14 @@ def build_layers(case, runner: str, vc) -> dict[str, Any]:
 
 def _mrv1_runner(case, vc, device):
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+    from vllm.v1.spec_decode.eagle import EagleProposer
     from vllm.v1.worker.block_table import SlotMappingMode
-    from vllm.v1.worker.gpu_input_batch import InputBatch
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    r = GPUModelRunner.__new__(GPUModelRunner)
     drafts = {l.name for l in case.layers if l.is_draft}
-    attrs = dict(
+    speculative = _mrv1_speculative_config(case) if drafts else None
+    r = _stand_in(
+        GPUModelRunner,
         vllm_config=vc,
         model_config=vc.model_config,
         cache_config=vc.cache_config,
@@ -288,13 +302,20 @@ def _mrv1_runner(case, vc, device):
         _init_slot_mapping_modes=[SlotMappingMode.TOKEN_TO_KV_SLOT],
         cp_kv_cache_interleave_size=vc.parallel_config.cp_kv_cache_interleave_size,
         jit_warmup_registry=_NullWarmup(),
+        # Only what may_reinitialize_input_batch copies from the placeholder batch.
+        input_batch=SimpleNamespace(logitsprocs=None, logitsprocs_need_output_token_ids=False),
     )
-    for name, value in attrs.items():
-        setattr(r, name, value)
-    r.input_batch = SimpleNamespace(logitsprocs=None, logitsprocs_need_output_token_ids=False)
     if drafts:
-        r.speculative_config = _mrv1_speculative_config(case)
-        r.drafter = _mrv1_drafter(case, vc, device, drafts)
+        r.speculative_config = speculative
+        r.drafter = _stand_in(
+            EagleProposer,
+            vllm_config=vc,
+            speculative_config=speculative,
+            device=device,
+            _draft_attn_layer_names=set(drafts),
+            cudagraph_dispatcher=CudagraphDispatcher(vc),
+            draft_attn_groups=[],
+        )
     return r
 
 
@@ -304,15 +325,14 @@ def _mrv2_runner(case, vc, device):
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
     from vllm.v1.worker.gpu.model_states import init_model_state
 
-    r = GPUModelRunner.__new__(GPUModelRunner)
     fc = vc.compilation_config.static_forward_context
     drafts = {l.name for l in case.layers if l.is_draft}
     # The loaded model: a module holding the case's layers (ModelState resolution looks
     # for cross-attention modules in it).
     model = nn.Module()
     model.layers = nn.ModuleList([fc[l.name] for l in case.layers if isinstance(fc.get(l.name), nn.Module)])
-    device = torch.device(device)
-    attrs = dict(
+    r = _stand_in(
+        GPUModelRunner,
         vllm_config=vc,
         model_config=vc.model_config,
         cache_config=vc.cache_config,
@@ -336,8 +356,6 @@ def _mrv2_runner(case, vc, device):
         jit_warmup_registry=_NullWarmup(),
         kv_caches=[],
     )
-    for name, value in attrs.items():
-        setattr(r, name, value)
     from vllm.v1.worker.gpu.input_batch import InputBuffers
     from vllm.v1.worker.gpu.states import RequestState
 
@@ -369,21 +387,31 @@ def _mrv2_runner(case, vc, device):
 def _mrv2_speculator(case, vc, device, drafts):
     from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
 
-    s = EagleSpeculator.__new__(EagleSpeculator)
-    s.vllm_config = vc
-    s.device = device
-    s.draft_attn_layer_names = set(drafts)
-    s.dcp_size = vc.parallel_config.decode_context_parallel_size
-    s.pcp_manager = None
     # What DraftModelSpeculator.__init__ sets from the config (its draft model config,
     # hidden size and vocabulary come from the draft checkpoint, which is not loaded).
-    s.speculative_config = _speculative_stand_in(case)
-    s.num_speculative_steps = 1
-    s.scheduler_config = vc.scheduler_config
-    s.max_num_reqs = MAX_NUM_REQS
-    s.max_num_tokens = MAX_NUM_TOKENS
-    s.enable_adaptive_verification = False
-    return s
+    return _stand_in(
+        EagleSpeculator,
+        vllm_config=vc,
+        device=device,
+        draft_attn_layer_names=set(drafts),
+        dcp_size=vc.parallel_config.decode_context_parallel_size,
+        pcp_manager=None,
+        speculative_config=_speculative_stand_in(case),
+        num_speculative_steps=1,
+        scheduler_config=vc.scheduler_config,
+        max_num_reqs=MAX_NUM_REQS,
+        max_num_tokens=MAX_NUM_TOKENS,
+        enable_adaptive_verification=False,
+    )
+
+
+def _stand_in(cls, **attrs: Any):
+    """``cls.__new__`` carrying ``attrs``: a runner as its ``__init__`` would leave the
+    parts ``initialize_kv_cache`` reads (the constructors need CUDA streams)."""
+    obj = cls.__new__(cls)
+    for name, value in attrs.items():
+        setattr(obj, name, value)
+    return obj
 
 
 class _NullWarmup:
@@ -399,20 +427,6 @@ def _mrv1_speculative_config(case):
     spec.uses_draft_model = lambda: False
     spec.uses_extract_hidden_states = lambda: False
     return spec
-
-
-def _mrv1_drafter(case, vc, device, drafts):
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-    from vllm.v1.spec_decode.eagle import EagleProposer
-
-    d = EagleProposer.__new__(EagleProposer)
-    d.vllm_config = vc
-    d.speculative_config = _mrv1_speculative_config(case)
-    d.device = device
-    d._draft_attn_layer_names = set(drafts)
-    d.cudagraph_dispatcher = CudagraphDispatcher(vc)
-    d.draft_attn_groups = []
-    return d
 
 
 # --- the KV transfer group ---------------------------------------------------------------------------
@@ -482,10 +496,12 @@ def failing_stage(exc: BaseException, default: str) -> str:
     return stage
 
 
-def runner_instance(case, runner: str, vc, device):
-    if runner == "mrv1":
-        return _mrv1_runner(case, vc, device)
-    return _mrv2_runner(case, vc, device)
+def runner_instance(case, runner: str, vc, device: str):
+    """The ``runner`` ("mrv1"/"mrv2") stand-in for ``case`` on ``device``."""
+    import torch
+
+    build = _mrv1_runner if runner == "mrv1" else _mrv2_runner
+    return build(case, vc, torch.device(device))
 
 
 def attention_groups(runner: str, instance) -> tuple[list[Any], list[Any]]:

@@ -12,6 +12,7 @@ Importing this module does not import vLLM.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -249,14 +250,9 @@ def _patch_device_properties() -> None:
     _applied.append(f"torch.cuda.get_device_properties -> the virtual GPU (the case's capability, {VIRTUAL_SM_COUNT} SMs)")
 
 
-@contextlib.contextmanager
-def cuda_on_meta(*, all_devices: bool = False) -> Iterator[None]:
-    """Tensors created for a CUDA device (or, with ``all_devices``, any device) land on ``meta``.
-
-    Layers and metadata builders allocate scratch on the GPU at construction; the KV
-    cache pool is allocated through the runners' ``kv_cache_allocation_context`` hook.
-    Device memory is what the hardware provides: its contents are never read here.
-    """
+@functools.lru_cache(maxsize=None)
+def _on_meta_mode(all_devices: bool):
+    """The TorchFunctionMode class (made once: importing this module must not import torch)."""
     from torch.overrides import TorchFunctionMode
 
     class CudaOnMeta(TorchFunctionMode):
@@ -268,12 +264,23 @@ def cuda_on_meta(*, all_devices: bool = False) -> Iterator[None]:
                 kwargs.pop("pin_memory", None)
             return func(*args, **kwargs)
 
+    return CudaOnMeta
+
+
+@contextlib.contextmanager
+def cuda_on_meta(*, all_devices: bool = False) -> Iterator[None]:
+    """Tensors created for a CUDA device (or, with ``all_devices``, any device) land on ``meta``.
+
+    Layers and metadata builders allocate scratch on the GPU at construction; the KV
+    cache pool is allocated through the runners' ``kv_cache_allocation_context`` hook.
+    Device memory is what the hardware provides: its contents are never read here.
+    """
     import torch
 
     real_index = torch.accelerator.current_device_index
     torch.accelerator.current_device_index = lambda: 0  # the virtual GPU is device 0
     try:
-        with CudaOnMeta():
+        with _on_meta_mode(all_devices)():
             yield
     finally:
         torch.accelerator.current_device_index = real_index
