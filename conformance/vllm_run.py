@@ -144,8 +144,10 @@ def run_against_vllm(
             cell[status] = cell.get(status, 0) + 1
             observation = observations[c.runner]
             fidelity = None if getattr(observation, "unsupported", None) else getattr(observation, "fidelity", None)
-            if fidelity is not None:
-                fidelities[(c.runner, fidelity)] = fidelities.get((c.runner, fidelity), 0) + 1
+            if not getattr(observation, "unsupported", None):
+                # None: vLLM refused while the model's layers were built, before any runner code.
+                how = fidelity or "before_runner"
+                fidelities[(c.runner, how)] = fidelities.get((c.runner, how), 0) + 1
             runners[c.runner] = {
                 "status": status,
                 "detail": c.detail,
@@ -302,9 +304,12 @@ def _print_fidelity(fidelities: dict[tuple[str, str], int]) -> None:
     for runner in RUNNERS:
         own = fidelities.get((runner, "runner"), 0)
         shared = fidelities.get((runner, "shared"), 0)
-        if own + shared == 0:
+        before = fidelities.get((runner, "before_runner"), 0)
+        if own + shared + before == 0:
             continue
         line = f"  {runner.upper()}: {own} case(s) through the runner's own initialize_kv_cache"
+        if before:
+            line += f", {before} refused by vLLM while the model's layers were built (before any runner code)"
         if shared:
             line += f", {shared} FELL BACK to the shared functions (fidelity_reason in the JSON report)"
         print(line)

@@ -721,6 +721,10 @@ def _initialize_through_shared_functions(kv_cache_config, layout, backends, laye
     result["bound_shapes"] = None
 
 
+_MODULES_AT_FREEZE = [0]
+"""``len(sys.modules)`` when ``shims.freeze_long_lived`` last ran."""
+
+
 def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observation:
     """Run vLLM's own layout pipeline for ``case``; never raises for vLLM refusals.
 
@@ -734,6 +738,17 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observati
     applied = tuple(shims.apply())
     if case.generation != 2:
         return Observation(case.name, runner, unsupported="generation-1 cases need a pre-0.30 vLLM", shims=applied)
+    try:
+        return _observe(case, runner, admission, applied)
+    finally:
+        # Modules a case loads for the first time (a runner, a layer kind, a backend)
+        # stay for good: keep them out of the cyclic collector's way from now on.
+        if len(sys.modules) != _MODULES_AT_FREEZE[0]:
+            shims.freeze_long_lived()
+            _MODULES_AT_FREEZE[0] = len(sys.modules)
+
+
+def _observe(case, runner: str, admission: bool, applied: tuple[str, ...]) -> Observation:
     partial: dict[str, Any] = {}
     try:
         _run(case, runner, admission, partial)
