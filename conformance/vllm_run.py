@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from conformance.diff import Comparison, Divergence, compare, compare_runners
+from conformance.diff import Divergence, compare, compare_runners
 from conformance.expectations import Classification, Environment, Expectation, case_facts, classify
 from conformance.report_formats import pair_status, write_report_atomically
 from reference.backends import VLLM_VERSION

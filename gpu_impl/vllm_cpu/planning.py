@@ -1,36 +1,25 @@
-"""Run vLLM 0.33.0's own KV-cache planning and allocation code for a reference case.
+"""Observe vLLM 0.33.0's KV-cache set-up for a reference case, as each runner does it.
 
-``observe(case, runner)`` takes a ``reference.config.CaseConfig`` (generation 2) and
-drives, on a CPU-only machine, the same chain of vLLM functions the engine core
-and the model runners run at startup:
+``observe(case, runner)`` takes a ``reference.config.CaseConfig`` (generation 2) and, on
+a CPU-only machine:
 
-1. per-layer specs: the real unbound ``Attention.get_kv_cache_spec`` /
-   ``MLAAttention.get_kv_cache_spec`` / ``MambaBase.get_kv_cache_spec``, called on
-   small stand-in layer objects that carry exactly the attributes those methods
-   read (constructing real layers needs CUDA for several backends and TP groups
-   for MLA), then the runner's ``customize_attention_spec`` and ``is_draft`` tag
-   (``GPUModelRunner.get_kv_cache_spec``);
-2. layout: ``get_supported_kv_cache_layouts`` over the real backend classes, then
-   ``resolve_kv_cache_layout`` with ``VLLM_KV_CACHE_LAYOUT`` set from the case;
-3. groups and placement: ``get_global_kv_cache_groups`` (-> ``get_kv_cache_groups``)
-   and ``get_kv_cache_config_from_groups`` with ``num_gpu_blocks_override``
-   (``admission=True``: the engine core's ``get_kv_cache_configs``);
-4. ``prepare_kernel_block_sizes`` with ``AttentionGroup`` objects keyed like the
-   runners' attention-group discovery;
-5. ``allocate_kv_cache(..., device=meta)``: the tensors ``register_kv_caches`` gets;
-6. the metadata-builder pass: the first lines of
-   ``AttentionGroup.create_metadata_builders`` (per-backend
-   ``select_common_block_size``) and the real ``map_kv_caches_to_kernel_blocks``.
+1. builds the case's layers as model loading does (``runners.build_layers``: real layer
+   objects in ``static_forward_context``; drafts under the runner's own draft config);
+2. asks the runner's own ``get_kv_cache_spec`` for the specs;
+3. plans as the engine core does: ``get_supported_kv_cache_layouts`` +
+   ``resolve_kv_cache_layout`` (``VLLM_KV_CACHE_LAYOUT`` from the case),
+   ``get_global_kv_cache_groups``, ``get_kv_cache_config_from_groups`` (or
+   ``get_kv_cache_configs`` with ``admission=True``), ``resolve_kv_cache_block_sizes``;
+4. runs the runner's own ``initialize_kv_cache`` (``runners``) and reads what it built:
+   kernel block sizes, its and its drafter's metadata builders, what it registered with
+   the KV transfer group and what each layer was bound to.
 
-``runner`` ("mrv1"/"mrv2") changes only which backend a draft layer runs under
-(``layer_backend_name``): in 0.33.0 both runners build specs, attention groups,
-kernel block sizes and the registered tensors with the same shared functions
-(``v1/worker/utils.py``), which is what is driven here; the runner constructors
-themselves need CUDA.
+Where a runner cannot be built for a case the shared ``v1/worker/utils.py`` functions
+stand in (``fidelity="shared"``, with the reason); the observation says which.
 
 The result is plain data with the reference's field meanings. vLLM errors
-(ValueError / AssertionError / NotImplementedError) become ``Observation.error``;
-a backend that cannot load on CPU becomes ``Observation.unsupported``.
+(ValueError / AssertionError / NotImplementedError) become ``Observation.error`` with
+the stage that raised; what cannot run on CPU becomes ``Observation.unsupported``.
 
 Replay one case: ``python -m gpu_impl.vllm_cpu.planning '<case json>' [mrv1|mrv2]``.
 """
@@ -441,12 +430,7 @@ def _specs(case, runner, vc):
     initialising a runner (the connector drivers)."""
     from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
-    from gpu_impl.vllm_cpu import runners
-
-    try:
-        layers = runners.build_layers(case, runner, vc)
-    except shims.BackendUnavailable as exc:
-        raise _Unsupported(f"backend class not importable on CPU: {exc}") from None
+    layers = _build_layers(case, runner, vc)
     specs = get_kv_cache_spec(vc)
     backends = {name: layer.get_attn_backend() for name, layer in layers.items()}
     return specs, backends, {name: _backend_name(layer) for name, layer in layers.items()}
@@ -506,28 +490,12 @@ def _scheduler_block_sizes(vc, kv_cache_config) -> tuple[int, int, int]:
 
 def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
     """Fill ``result`` step by step (what succeeded stays there when a later step fails)."""
-    import torch
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core import kv_cache_planning as planning
 
-    from gpu_impl.vllm_cpu import runners
-
     with _configure(case) as vc:
         with _stage("specs"):
-            try:
-                layers = runners.build_layers(case, runner, vc)
-            except shims.BackendUnavailable as exc:
-                raise _Unsupported(f"backend class not importable on CPU: {exc}") from None
-            except runners.RunnerUnavailable as exc:
-                raise _Unsupported(str(exc)) from None
-            except AssertionError as exc:
-                if _kernel_availability_assert(exc):
-                    raise _Unsupported(f"a backend's kernels are not on this CPU machine: {_where(exc)}") from None
-                raise
-            except VLLM_ERRORS:
-                raise  # vLLM refusing the layer (e.g. fp8 on a backend that has none)
-            except Exception as exc:  # noqa: BLE001 - hardware the shims do not stand in for
-                raise _Unsupported(f"a layer could not be constructed on CPU: {_one_line(exc)}") from None
+            layers = _build_layers(case, runner, vc)
             instance, why_not = _runner_or_reason(case, runner, vc)
             result["fidelity"] = "runner" if instance is not None else "shared"
             result["fidelity_reason"] = why_not
@@ -596,6 +564,28 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
             _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
         else:
             _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
+
+
+def _build_layers(case, runner: str, vc) -> dict[str, Any]:
+    """``runners.build_layers``, with what keeps a layer from being built on CPU (a
+    backend that does not import, kernels that do not load) as ``_Unsupported``; vLLM
+    refusing a layer stays a vLLM error (e.g. fp8 on a backend that has none)."""
+    from gpu_impl.vllm_cpu import runners
+
+    try:
+        return runners.build_layers(case, runner, vc)
+    except shims.BackendUnavailable as exc:
+        raise _Unsupported(f"backend class not importable on CPU: {exc}") from None
+    except runners.RunnerUnavailable as exc:
+        raise _Unsupported(str(exc)) from None
+    except AssertionError as exc:
+        if _kernel_availability_assert(exc):
+            raise _Unsupported(f"a backend's kernels are not on this CPU machine: {_where(exc)}") from None
+        raise
+    except VLLM_ERRORS:
+        raise
+    except Exception as exc:  # noqa: BLE001 - hardware the shims do not stand in for
+        raise _Unsupported(f"a layer could not be constructed on CPU: {_one_line(exc)}") from None
 
 
 def _runner_or_reason(case, runner: str, vc):

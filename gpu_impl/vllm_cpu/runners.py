@@ -142,7 +142,6 @@ def _constructing(layer) -> Iterator[None]:
 
 def _build_layer(layer, cache_config, vc):
     """One layer of the case, registered in ``static_forward_context`` under its name."""
-    import torch
     from torch import nn
 
     kind = layer.kind
@@ -202,7 +201,6 @@ def _build_layer(layer, cache_config, vc):
 
 def _state_space_layer(layer, fc):
     import torch
-    from torch import nn
     from vllm.model_executor.layers.mamba.abstract import MambaBase
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
@@ -320,7 +318,6 @@ def _mrv1_runner(case, vc, device):
 
 
 def _mrv2_runner(case, vc, device):
-    import torch
     from torch import nn
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
     from vllm.v1.worker.gpu.model_states import init_model_state
