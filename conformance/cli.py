@@ -207,6 +207,26 @@ def _run_cases(args: argparse.Namespace) -> list:
     return cases
 
 
+def _case_schedules(args: argparse.Namespace) -> int:
+    """``--schedules``, else the profile's (the named cases: ``DEFAULT_SCHEDULES``)."""
+    from conformance.schedules import DEFAULT_SCHEDULES
+    from suites.profiles import PROFILES
+
+    if args.schedules is not None:
+        return args.schedules
+    return PROFILES[args.profile]["case_schedules"] if args.profile in PROFILES else DEFAULT_SCHEDULES
+
+
+def _schedule_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of schedules per case from 0 to 100")
+    return value
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from conformance.summary import reference_outcome, runner_differences
 
@@ -225,7 +245,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ) from None
         from conformance.vllm_run import run_against_vllm
 
-        selection = f"profile {args.profile}" + (f", seed {args.seed}" if PROFILE_SAMPLES[args.profile] else "")
+        selection = f"profile {args.profile}, seed {args.seed}"
         selection += "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("model", args.model), ("case", args.case)) if v)
         return run_against_vllm(
             cases,
@@ -235,6 +255,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             expectations_source=source,
             selection=selection,
             workers=args.workers,
+            seed=args.seed,
+            schedules=_case_schedules(args),
         )
     results = []
     quiet = args.json == "-"
@@ -314,7 +336,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
     # With --json - stdout carries only the JSON report.
     print(f"kvconform: replaying {len(cases)} divergent case(s) from {args.report}", file=sys.stderr if args.json == "-" else sys.stdout)
-    return run_against_vllm(cases, json_target=args.json, quiet=args.json == "-", expectations=expectations, expectations_source=source)
+    # The same request schedules as the report's run (its seed and count).
+    recorded = report.get("schedules") if isinstance(report, dict) else None
+    seed = recorded.get("seed") if isinstance(recorded, dict) else None
+    count = recorded.get("per_case") if isinstance(recorded, dict) else None
+    kwargs: dict[str, Any] = {}
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        kwargs["seed"] = seed
+    if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 100:
+        kwargs["schedules"] = count
+    return run_against_vllm(cases, json_target=args.json, quiet=args.json == "-", expectations=expectations,
+                            expectations_source=source, **kwargs)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -372,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", help="keep only cases with a layer on this backend (repeatable)")
     p.add_argument("--model", action="append", help="add a model-zoo architecture (suites/zoo, repeatable), with FLASH_ATTN and FLASHINFER at block 16")
     p.add_argument("--profile", choices=tuple(PROFILE_SAMPLES), default="named", help=f"named: the named cases (default); ci: + {PROFILE_SAMPLES['ci']} seeded random configs; thorough: + {PROFILE_SAMPLES['thorough']}")
-    p.add_argument("--seed", type=int, default=PROJECT_SEED, help="seed of the random configs (profiles ci and thorough)")
+    p.add_argument("--seed", type=int, default=PROJECT_SEED, help="seed of the random configs (profiles ci and thorough) and of the request schedules")
+    p.add_argument("--schedules", type=_schedule_count, default=None, metavar="N", help="seeded request schedules per case through each runner's own block tables (default: 2 for the named cases, the profile's otherwise; 0: none)")
     p.add_argument("--workers", type=_workers, default=1, help="observe cases in N processes ('auto': one per CPU); each imports vLLM once (~8 s)")
     p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")

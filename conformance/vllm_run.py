@@ -13,19 +13,26 @@ from typing import Any, Sequence
 from conformance.diff import Divergence, compare, compare_runners
 from conformance.expectations import Classification, Environment, Expectation, case_facts, classify
 from conformance.report_formats import pair_status, write_report_atomically
+from conformance.schedules import DEFAULT_SCHEDULES, SchedulePlan, plan_schedules, schedule_summary
 from reference.backends import VLLM_VERSION
 from reference.config import CaseConfig
 
 RUNNERS = ("mrv1", "mrv2")
 
 
-def replay_command(case: CaseConfig) -> str:
-    """One line that reruns exactly this case."""
+def replay_command(case: CaseConfig, seed: int | None = None, schedules: int | None = None) -> str:
+    """One line that reruns exactly this case (with the same request schedules)."""
     from suites.named_cases import CASES
+    from suites.profiles import PROJECT_SEED
 
+    extra = ""
+    if schedules is not None and schedules != DEFAULT_SCHEDULES:
+        extra += f" --schedules {schedules}"
+    if seed is not None and seed != PROJECT_SEED and schedules != 0:
+        extra += f" --seed {seed}"
     if CASES.get(case.name) == case:
-        return f"kvconform run --case {case.name}"
-    return f"echo {shlex.quote(case.to_json())} > case.json && kvconform run --case case.json"
+        return f"kvconform run --case {case.name}{extra}"
+    return f"echo {shlex.quote(case.to_json())} > case.json && kvconform run --case case.json{extra}"
 
 
 def _environment() -> dict[str, Any]:
@@ -72,19 +79,28 @@ def run_against_vllm(
     expectations_source: str | None = None,
     selection: str = "the named cases",
     workers: int = 1,
+    seed: int | None = None,
+    schedules: int = DEFAULT_SCHEDULES,
 ) -> int:
     """Observe, compare, classify and print; returns the CLI exit code.
 
     ``workers`` > 1 observes cases in that many worker processes (each imports vLLM once,
     ~8 s); comparison, classification and the report stay here, in case order.
+    ``schedules`` seeded request schedules per case (``seed``) run through each
+    runner's own block tables (``conformance.schedules``).
 
     0: conformant (every divergence, if any, is expected by ``expectations``); 1: an
     unexpected divergence; 5: nothing ran. Expectations that matched nothing are
     reported as unused, without failing the run.
     """
-    from gpu_impl.vllm_cpu import shims
+    from gpu_impl.vllm_cpu import runner_tables, shims
+    from suites.profiles import PROJECT_SEED
 
-    shims.prepare_env()  # before anything imports torch or vllm
+    # Before anything imports torch or vllm: the block tables' Triton kernels then run
+    # in the interpreter (a process that imported vLLM earlier says so per case).
+    runner_tables.prepare_process_env()
+    shims.prepare_env()
+    seed = PROJECT_SEED if seed is None else seed
 
     started = time.time()
     env = _environment()
@@ -107,6 +123,7 @@ def run_against_vllm(
             "duration_s": round(time.time() - started, 3),
             "counts": counts,
             "fidelity": {f"{runner}:{how}": n for (runner, how), n in sorted(fidelities.items())},
+            "schedules": {"per_case": schedules, "seed": seed, "run": dict(schedule_runs)},
             "expectations": {
                 "file": expectations_source,
                 "expected": None if verdict is None else len(verdict.expected),
@@ -119,8 +136,9 @@ def run_against_vllm(
 
     bar = _ProgressBar(len(cases), enabled=not quiet)
     say = bar.print
-    for case, observations in _observations(cases, workers, bar):
-        comparisons = [compare(case, runner, observations[runner]) for runner in RUNNERS]
+    schedule_runs: dict[str, int] = {}
+    for case, plan, observations in _observations(cases, workers, bar, seed, schedules):
+        comparisons = [compare(case, runner, observations[runner], plan) for runner in RUNNERS]
         diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
         facts[case.name] = case_facts(case, observations.values())
         mine = [*(d for c in comparisons for d in c.divergences), *diffs]
@@ -148,17 +166,20 @@ def run_against_vllm(
                 # None: vLLM refused while the model's layers were built, before any runner code.
                 how = fidelity or "before_runner"
                 fidelities[(c.runner, how)] = fidelities.get((c.runner, how), 0) + 1
+            ran = schedule_summary(plan, observation)
+            schedule_runs[c.runner] = schedule_runs.get(c.runner, 0) + ran["run"]
             runners[c.runner] = {
                 "status": status,
                 "detail": c.detail,
                 "fidelity": fidelity,
                 "fidelity_reason": getattr(observation, "fidelity_reason", None),
+                "schedules": ran,
                 "divergences": [d.__dict__ | {"message": d.message, "expected_by": expected_by(d)} for d in c.divergences],
             }
         result = {
             "case": case.name,
             "config": case.to_dict(),
-            "replay": replay_command(case),
+            "replay": replay_command(case, seed, schedules),
             "runners": runners,
             "mrv1_mrv2_mismatches": [
                 {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
@@ -186,6 +207,9 @@ def run_against_vllm(
         _print_matrix(matrix)
         _print_verdict(verdict, counts, {case.name: case for case in cases})
         _print_fidelity(fidelities)
+        if schedules:
+            runs = ", ".join(f"{runner.upper()} {n}" for runner, n in sorted(schedule_runs.items()))
+            print(f"kvconform: request schedules through the runners' own block tables (seed {seed}): {runs or 'none'}")
     if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) == 0:
         if not quiet:
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
@@ -193,25 +217,32 @@ def run_against_vllm(
     return 1 if verdict.unexpected else 0
 
 
-def _observe_both(case: CaseConfig) -> dict[str, Any]:
+def _observe_both(case: CaseConfig, seed: int = 0, schedules: int = 0) -> tuple[SchedulePlan, dict[str, Any]]:
+    """The case's schedule plan and both runners' observations of it (schedules included)."""
     from gpu_impl.vllm_cpu.planning import observe
 
-    return {runner: observe(case, runner) for runner in RUNNERS}
+    plan = plan_schedules(case, seed, schedules)
+    return plan, {runner: observe(case, runner, schedules=plan.scenarios) for runner in RUNNERS}
+
+
+def _observe_task(task: tuple[CaseConfig, int, int]) -> tuple[SchedulePlan, dict[str, Any]]:
+    return _observe_both(*task)
 
 
 def _worker_start() -> None:
-    from gpu_impl.vllm_cpu import shims
+    from gpu_impl.vllm_cpu import runner_tables, shims
 
+    runner_tables.prepare_process_env()
     shims.prepare_env()
     import gpu_impl.vllm_cpu.planning  # noqa: F401 - pay vLLM's import once per worker
 
 
-def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar"):
-    """``(case, {runner: Observation})`` in case order, observed here or in a process pool."""
+def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar", seed: int = 0, schedules: int = 0):
+    """``(case, plan, {runner: Observation})`` in case order, observed here or in a process pool."""
     if workers <= 1 or len(cases) <= 1:
         for case in cases:
             bar.advance(case.name)
-            yield case, _observe_both(case)
+            yield (case, *_observe_both(case, seed, schedules))
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -220,9 +251,10 @@ def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar"
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
     try:
         chunk = max(1, min(16, len(cases) // (workers * 4)))
-        for case, observations in zip(cases, pool.map(_observe_both, cases, chunksize=chunk)):
+        tasks = [(case, seed, schedules) for case in cases]
+        for case, (plan, observations) in zip(cases, pool.map(_observe_task, tasks, chunksize=chunk)):
             bar.advance(case.name)
-            yield case, observations
+            yield case, plan, observations
     except BaseException:
         pool.shutdown(wait=False, cancel_futures=True)
         raise

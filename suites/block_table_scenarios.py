@@ -226,4 +226,25 @@ def sample_scenarios(seed: int, count: int) -> list[dict[str, Any]]:
     return out
 
 
-__all__ = ["make_scenario", "sample_scenarios"]
+CASE_SCHEDULE_STEPS = 4
+"""Steps per schedule of a case: admissions, chunked prefills, decodes, preemption and
+condensing all happen within four steps of ``make_scenario``'s scheduler."""
+
+
+def case_scenarios(case_name: str, groups: list[dict[str, Any]], *, max_model_len: int, dcp_world: int,
+                   seed: int, count: int) -> list[dict[str, Any]]:
+    """``count`` seeded schedules over a case's KV cache groups (``reference.block_tables.
+    scenarios.case_groups``), for its runners' own block tables (DCP rank 0, interleave 1:
+    what the CPU driver's runners are). Seeded by ``seed`` and the case name, so a case's
+    schedules do not depend on which other cases run."""
+    import zlib
+
+    base = zlib.crc32(case_name.encode()) ^ seed
+    return [
+        make_scenario(f"{case_name}#s{seed}.{i}", (base + 7919 * i) % 2**31, groups, dcp=(dcp_world, 0, 1),
+                      max_model_len=max_model_len, num_steps=CASE_SCHEDULE_STEPS)
+        for i in range(count)
+    ]
+
+
+__all__ = ["case_scenarios", "make_scenario", "sample_scenarios"]

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import copy
 import json
 import os
 import select
@@ -50,9 +49,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from reference.schedule import (  # the schedule description, as reference.config describes a case
+    GROUP_KINDS,
+    Scenario,
+    ScenarioError,
+    first_positions,
+    normalize_scenario,
+    step_token_layout,
+)
+
 REPO = Path(__file__).resolve().parents[2]
 
-Scenario = dict[str, Any]
 Result = dict[str, Any]
 
 # Set before triton/vllm are imported: an empty CUDA_VISIBLE_DEVICES keeps
@@ -62,124 +69,6 @@ TRITON_CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}
 
 PAD_SLOT_ID = -1
 NULL_BLOCK_ID = 0
-
-# Per group kind, what the runners derive from the KV cache spec (research note §2.1/2.2):
-# MRv1 SlotMappingMode is NONE iff Mamba; MRv2 slot_mapping_enabled is
-# spec.uses_slot_mapping (False only for CircularBufferSpec/HiSparse; Mamba inherits True);
-# block_table_token_alignment is None for Mamba and circular-buffer specs; dcp_sharded is
-# True for AttentionSpec and False for the base KVCacheSpec (Mamba).
-GROUP_KINDS: dict[str, dict[str, Any]] = {
-    "attention": {"mrv1_slot_mapping": "token", "mrv2_slot_mapping": True, "token_alignment": 128, "dcp_sharded": True},
-    "mamba": {"mrv1_slot_mapping": "none", "mrv2_slot_mapping": True, "token_alignment": None, "dcp_sharded": False},
-    "circular": {"mrv1_slot_mapping": "token", "mrv2_slot_mapping": False, "token_alignment": None,
-                 "dcp_sharded": True},
-}
-
-OP_ARITY = {"add": 3, "append": 3, "remove": 2, "preempt": 2, "move": 3, "swap": 3}
-
-
-class ScenarioError(ValueError):
-    """A scenario the driver cannot run (malformed, or an MRv1 batch that is not dense)."""
-
-
-# --------------------------------------------------------------------------- scenarios
-
-
-def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
-    """Fill every default so both the driver and a reference see the same explicit data.
-
-    Shape::
-
-        {"name": str, "max_num_reqs": int, "max_num_batched_tokens": int,
-         "dcp": [world_size, rank, interleave],                       # default [1, 0, 1]
-         "groups": [{"kind": "attention"|"mamba"|"circular", "block_size": B,
-                     "max_num_blocks": n,            # before get_block_table_width
-                     "kernel_block_size": K|None, "kernel_block_stride": 0,
-                     "sliding_window_reach": 0,      # MRv2 gather nulling (D8)
-                     # overridable kind defaults: mrv1_slot_mapping ("token"|"none"),
-                     # mrv2_slot_mapping (bool), token_alignment (MRv2 width), dcp_sharded
-                     }, ...],
-         "steps": [{"ops": [["add", req, [[ids] per group]], ["append", req, [[ids]...]],
-                            ["remove", req], ["preempt", req], ["move", src, dst],
-                            ["swap", a, b]],
-                    "batch": [[req, [positions]], ...],  # MRv1 rows 0..n-1 in order
-                    "num_reqs_padded": int,              # default len(batch)
-                    "dummy_tokens": [int, ...],          # MRv2 idx_mapping=-1 requests
-                    "num_tokens_padded": int}, ...]}     # default all tokens
-    """
-    if not isinstance(scenario, Mapping):
-        raise ScenarioError(f"scenario {scenario!r} is not a JSON object")
-    sc = copy.deepcopy(dict(scenario))
-    sc.setdefault("name", "scenario")
-    for key in ("max_num_reqs", "max_num_batched_tokens", "groups", "steps"):
-        if key not in sc:
-            raise ScenarioError(f"scenario {sc['name']!r} has no {key!r}")
-    sc["dcp"] = list(sc.get("dcp", [1, 0, 1]))
-    if len(sc["dcp"]) != 3:
-        raise ScenarioError(f"dcp {sc['dcp']!r} is not [world_size, rank, interleave]")
-    sc["groups"] = [_normalize_group(g, i) for i, g in enumerate(sc["groups"])]
-    sc["steps"] = [_normalize_step(s, len(sc["groups"])) for s in sc["steps"]]
-    return sc
-
-
-def _normalize_group(group: Mapping[str, Any], index: int) -> dict[str, Any]:
-    g = dict(group)
-    kind = g.setdefault("kind", "attention")
-    if kind not in GROUP_KINDS:
-        raise ScenarioError(f"group {index} kind {kind!r} is not one of {sorted(GROUP_KINDS)}")
-    for key, value in GROUP_KINDS[kind].items():
-        g.setdefault(key, value)
-    for key in ("block_size", "max_num_blocks"):
-        if key not in g:
-            raise ScenarioError(f"group {index} has no {key!r}")
-    g.setdefault("kernel_block_size", None)
-    g.setdefault("kernel_block_stride", 0)
-    g.setdefault("sliding_window_reach", 0)
-    if g["mrv1_slot_mapping"] not in ("token", "none"):
-        raise ScenarioError(f"group {index} mrv1_slot_mapping {g['mrv1_slot_mapping']!r} is not 'token' or 'none'")
-    k = g["kernel_block_size"]
-    if k is not None and (k <= 0 or g["block_size"] % k):
-        raise ScenarioError(f"group {index} kernel block size {k} does not divide block size {g['block_size']}")
-    return g
-
-
-def _normalize_step(step: Mapping[str, Any], num_groups: int) -> dict[str, Any]:
-    s = dict(step)
-    s["ops"] = [list(op) for op in s.get("ops", [])]
-    for op in s["ops"]:
-        if not op or op[0] not in OP_ARITY or len(op) != OP_ARITY[op[0]]:
-            raise ScenarioError(f"op {op!r} is not one of {sorted(OP_ARITY)} with its arguments")
-        if op[0] not in ("move", "swap"):
-            op[1] = str(op[1])  # request ids are JSON object keys in the result
-        if op[0] in ("add", "append") and len(op[2]) != num_groups:
-            raise ScenarioError(f"op {op!r} has block ids for {len(op[2])} groups; expected {num_groups}")
-    s["batch"] = [[str(req), list(pos)] for req, pos in s.get("batch", [])]
-    s.setdefault("num_reqs_padded", len(s["batch"]))
-    s["dummy_tokens"] = list(s.get("dummy_tokens", []))
-    num_tokens = sum(len(pos) for _, pos in s["batch"]) + sum(s["dummy_tokens"])
-    s.setdefault("num_tokens_padded", num_tokens)
-    if s["num_reqs_padded"] < len(s["batch"]) or s["num_tokens_padded"] < num_tokens:
-        raise ScenarioError(f"step pads below its real size: {s!r}")
-    return s
-
-
-def step_token_layout(step: Mapping[str, Any]) -> tuple[list[int], list[int], list[int], list[int]]:
-    """``(query_start_loc, positions)`` of the real requests, then of real + dummy requests."""
-    qsl, positions = [0], []
-    for _, pos in step["batch"]:
-        positions.extend(pos)
-        qsl.append(len(positions))
-    qsl_all, positions_all = list(qsl), list(positions)
-    for n in step["dummy_tokens"]:
-        positions_all.extend([0] * n)  # dummy requests own no blocks: any position
-        qsl_all.append(len(positions_all))
-    return qsl, positions, qsl_all, positions_all
-
-
-def first_positions(step: Mapping[str, Any]) -> dict[Any, int]:
-    """``num_computed_tokens`` per batch request: its first scheduled position."""
-    return {req: (pos[0] if pos else 0) for req, pos in step["batch"]}
-
 
 # --------------------------------------------------------------------------- vLLM API
 
@@ -196,6 +85,7 @@ class _Api:
     get_block_table_width: Any
     AttentionGroup: Any
     FullAttentionSpec: Any
+    RequestState: Any
 
 
 _prepared = False
@@ -247,6 +137,7 @@ def _resolve_api() -> _Api | str:
         from vllm.v1.kv_cache_interface import FullAttentionSpec
         from vllm.v1.worker.block_table import MultiGroupBlockTable, SlotMappingMode, get_block_table_width
         from vllm.v1.worker.gpu.block_table import BlockTables
+        from vllm.v1.worker.gpu.states import RequestState
         from vllm.v1.worker.utils import AttentionGroup
 
         if not HAS_TRITON:
@@ -258,7 +149,7 @@ def _resolve_api() -> _Api | str:
                 _api = f"{cls.__module__}.{cls.__qualname__}.{method} does not exist in vllm {vllm.__version__}"
                 return _api
         _api = _Api(torch, getattr(vllm, "__version__", "?"), MultiGroupBlockTable, SlotMappingMode, BlockTables,
-                    get_block_table_width, AttentionGroup, FullAttentionSpec)
+                    get_block_table_width, AttentionGroup, FullAttentionSpec, RequestState)
     except (ImportError, AttributeError) as exc:
         _api = f"{type(exc).__name__}: {exc}"
     return _api
@@ -368,6 +259,11 @@ class _MRv1:
                 if a in owner:
                     rows.of[owner[a]] = b
 
+    @staticmethod
+    def ordered(ops: list[list]) -> list[list]:
+        """As scheduled: ``_update_states`` applies removals, then adds and appends."""
+        return ops
+
     def end_of_updates(self) -> None:
         """Nothing: MRv1 row ops write the numpy table directly; ``forward`` commits it."""
 
@@ -396,7 +292,8 @@ class _MRv1:
             blk = self.table[g].get_device_tensor(padded)
             blk[n:padded].fill_(NULL_BLOCK_ID)  # in place, as the runner does
             tables.append(_tolist(blk))
-            kernel_tables.append(_tolist(self.kernel_groups[g].map_to_kernel_block_table(blk)))
+            kernel_tables.append({"group": g, "layers": [f"group{g}"],
+                                  "rows": _tolist(self.kernel_groups[g].map_to_kernel_block_table(blk))})
             sm = self.table[g].slot_mapping.gpu[: step["num_tokens_padded"]]
             sm[len(positions):].fill_(PAD_SLOT_ID)  # persists: a later Mamba step reads it (D3)
             slots.append(_tolist(sm))
@@ -404,6 +301,18 @@ class _MRv1:
 
 
 # --------------------------------------------------------------------------- MRv2
+
+
+class _Slots:
+    """MRv2 request-state slots as ``{request: slot}`` (read from vLLM's ``RequestState``)."""
+
+    def __init__(self, states: Any) -> None:
+        self.of = dict(states.req_id_to_index)
+
+    def at(self, req: Any) -> int:
+        if req not in self.of:
+            raise ScenarioError(f"request {req!r} is not live")
+        return self.of[req]
 
 
 class _MRv2:
@@ -429,17 +338,39 @@ class _MRv2:
         self.num_groups = len(groups)
         self.kernel_groups = [_kernel_group(api, grp, g, sc["max_num_reqs"], self.widths[g])
                               for g, grp in enumerate(groups)]
-        self.locations = _Locations(sc["max_num_reqs"])  # request-state slots
+        # vLLM's own request state picks each request's slot (a stack of free slots).
+        self.states = api.RequestState(
+            max_num_reqs=sc["max_num_reqs"], max_model_len=1, max_num_batched_tokens=sc["max_num_batched_tokens"],
+            num_speculative_steps=0, vocab_size=1, device=torch.device("cpu"), num_prefill_lookahead=1,
+            use_dense_all_token_ids=False)
+
+    @property
+    def locations(self) -> Any:
+        return _Slots(self.states)
+
+    @staticmethod
+    def ordered(ops: list[list]) -> list[list]:
+        """``finish_requests`` frees finished and preempted requests sorted by id, before the adds."""
+        leaves = sorted((op for op in ops if op[0] in ("remove", "preempt")), key=lambda op: str(op[1]))
+        return leaves + [op for op in ops if op[0] not in ("remove", "preempt")]
 
     def apply(self, op: list) -> None:
         """``finish_requests`` / ``add_requests`` / ``update_requests``; batch order is not a table op."""
-        kind, slots = op[0], self.locations
+        kind, index = op[0], self.states.req_id_to_index
         if kind == "add":
-            self.table.append_block_ids(slots.take(op[1]), tuple(list(ids) for ids in op[2]), overwrite=True)
+            if op[1] in index:
+                raise ScenarioError(f"add of request {op[1]!r} which is already live")
+            if not self.states.free_indices:
+                raise ScenarioError(f"add of request {op[1]!r} with all {self.sc['max_num_reqs']} slots in use")
+            self.states.add_request(req_id=op[1], prompt_len=1, all_token_ids=[0], num_computed_tokens=0, max_tokens=0)
+            self.table.append_block_ids(index[op[1]], tuple(list(ids) for ids in op[2]), overwrite=True)
         elif kind == "append":
-            self.table.append_block_ids(slots.at(op[1]), tuple(list(ids) for ids in op[2]), overwrite=False)
+            if op[1] not in index:
+                raise ScenarioError(f"request {op[1]!r} is not live")
+            self.table.append_block_ids(index[op[1]], tuple(list(ids) for ids in op[2]), overwrite=False)
         elif kind in ("remove", "preempt"):
-            slots.leave(op[1])  # the slot is freed, its row is not cleared
+            if self.states.remove_request(op[1]) is None:  # the slot is freed, its row is not cleared
+                raise ScenarioError(f"request {op[1]!r} is not live")
 
     def end_of_updates(self) -> None:
         """``execute_model`` applies the staged writes once all request updates are staged."""
@@ -470,7 +401,8 @@ class _MRv2:
             torch.tensor(positions_all, dtype=torch.int64), step["num_tokens_padded"],
         )
         tables = [_tolist(t) for t in gathered]  # copies now: the buffers are reused next step
-        kernel_tables = [_tolist(self.kernel_groups[g].map_to_kernel_block_table(gathered[g]))
+        kernel_tables = [{"group": g, "layers": [f"group{g}"],
+                          "rows": _tolist(self.kernel_groups[g].map_to_kernel_block_table(gathered[g]))}
                          for g in range(self.num_groups)]
         return {"tables": tables, "kernel_tables": kernel_tables, "slot_mappings": _tolist(slots)}
 
@@ -487,7 +419,7 @@ def _run_runner(runner: _MRv1 | _MRv2, sc: Scenario) -> dict[str, Any]:
     out: dict[str, Any] = {"widths": list(runner.widths), "steps": steps}
     for i, step in enumerate(sc["steps"]):
         try:
-            for op in step["ops"]:
+            for op in runner.ordered(step["ops"]):
                 runner.apply(op)
             runner.end_of_updates()
             obs: dict[str, Any] = {"locations": dict(runner.locations.of), "blocks": runner.blocks()}

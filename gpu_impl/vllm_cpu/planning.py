@@ -119,6 +119,12 @@ class Observation:
     bound_outside_registered: tuple[str, ...] = ()
     """Layers whose bound cache (what the layer computes with) is not a view of the
     storage registered for that layer (what a connector transfers)."""
+    schedules: tuple[dict[str, Any], ...] = ()
+    """Each request schedule asked for, run through the block tables this runner built
+    (``runner_tables.run_schedule``; one freshly initialised runner per schedule)."""
+    schedules_unsupported: str | None = None
+    """Why the schedules asked for were not run (no runner-level initialisation, or a
+    process whose Triton kernels cannot run on CPU)."""
 
     @property
     def ok(self) -> bool:
@@ -488,7 +494,7 @@ def _scheduler_block_sizes(vc, kv_cache_config) -> tuple[int, int, int]:
     return cache_block_size, scheduler, hashing
 
 
-def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
+def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: tuple = ()) -> None:
     """Fill ``result`` step by step (what succeeded stays there when a later step fails)."""
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core import kv_cache_planning as planning
@@ -555,15 +561,43 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any]) -> None:
         if instance is not None:
             try:
                 _initialize_through_runner(case, runner, instance, kv_cache_config, layers, result)
-                return
             except _RunnerNotDriven as exc:
                 # Said in the observation and the report; the shared functions still run.
                 result["fidelity"], result["fidelity_reason"] = "shared", str(exc)
                 for key in ("kernel_block_sizes", "builder_kernel_block_sizes", "registered", "bound_shapes"):
                     result.pop(key, None)
-            _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
-        else:
-            _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
+            else:
+                if schedules:
+                    _run_schedules(case, runner, instance, vc, kv_cache_config, layers, schedules, result)
+                return
+        _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
+        if schedules:
+            result["schedules_unsupported"] = (
+                f"block tables are read from the runner's own initialize_kv_cache, which was not driven: "
+                f"{result.get('fidelity_reason')}")
+
+
+def _run_schedules(case, runner, instance, vc, kv_cache_config, layers, schedules, result) -> None:
+    """Each schedule through the block tables of a freshly initialised runner (the first
+    reuses the runner just observed)."""
+    from gpu_impl.vllm_cpu import runner_tables, runners
+
+    why = runner_tables.schedule_support()
+    if why is not None:
+        result["schedules_unsupported"] = why
+        return
+    observed = []
+    for index, scenario in enumerate(schedules):
+        if index:
+            instance, why = _runner_or_reason(case, runner, vc)
+            if instance is None:
+                result["schedules_unsupported"] = why
+                return
+            with runners.recording_transfer_group(), runners.initialisation_environment(case):
+                instance.initialize_kv_cache(kv_cache_config, kv_cache_allocation_context=runners.allocation_on_meta())
+        with runners.initialisation_environment(case):
+            observed.append(runner_tables.run_schedule(runner, instance, scenario))
+    result["schedules"] = tuple(observed)
 
 
 def _build_layers(case, runner: str, vc) -> dict[str, Any]:
@@ -715,13 +749,14 @@ _MODULES_AT_FREEZE = [0]
 """``len(sys.modules)`` when ``shims.freeze_long_lived`` last ran."""
 
 
-def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observation:
+def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()) -> Observation:
     """Run vLLM's own layout pipeline for ``case``; never raises for vLLM refusals.
 
     ``admission=True`` plans through the engine core's ``get_kv_cache_configs``
     (which also refuses a pool too small for one ``max_model_len`` request); the
     default plans with ``get_kv_cache_config_from_groups`` and only keeps its
-    "no memory left after the null block" check.
+    "no memory left after the null block" check. ``schedules`` (``reference.schedule``
+    scenarios) run through the block tables the runner built (``Observation.schedules``).
     """
     if runner not in ("mrv1", "mrv2"):
         raise ValueError(f"runner {runner!r} is not one of mrv1, mrv2")
@@ -729,7 +764,7 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observati
     if case.generation != 2:
         return Observation(case.name, runner, unsupported="generation-1 cases need a pre-0.30 vLLM", shims=applied)
     try:
-        return _observe(case, runner, admission, applied)
+        return _observe(case, runner, admission, applied, tuple(schedules))
     finally:
         # Modules a case loads for the first time (a runner, a layer kind, a backend)
         # stay for good: keep them out of the cyclic collector's way from now on.
@@ -738,10 +773,10 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False) -> Observati
             _MODULES_AT_FREEZE[0] = len(sys.modules)
 
 
-def _observe(case, runner: str, admission: bool, applied: tuple[str, ...]) -> Observation:
+def _observe(case, runner: str, admission: bool, applied: tuple[str, ...], schedules: tuple = ()) -> Observation:
     partial: dict[str, Any] = {}
     try:
-        _run(case, runner, admission, partial)
+        _run(case, runner, admission, partial, schedules)
     except _Unsupported as exc:
         return Observation(case.name, runner, unsupported=str(exc), shims=applied)
     except _Failed as failed:

@@ -212,14 +212,27 @@ class MRv1ScheduleState(_Lifecycle):
 class MRv2ScheduleState(_Lifecycle):
     """MRv2 request-state slots (``vllm/v1/worker/gpu/states.py``) driving ``MRv2BlockTables``.
 
-    A new request takes the lowest free slot; the choice only moves stale tails around,
-    never ``[:num_blocks]``. Finished and preempted requests free their slot without
-    clearing it. ``Move``/``Swap`` are no-ops: batch order is rebuilt by ``idx_mapping``.
+    ``RequestState`` keeps its free slots as a stack: ``free_indices = list(range(n))``,
+    a new request takes ``free_indices.pop()`` (the highest free slot at first) and a
+    finished or preempted one is appended back, so the next request reuses the slot
+    freed last. The choice only moves stale tails around, never ``[:num_blocks]``.
+    Freed slots are not cleared. ``Move``/``Swap`` are no-ops: batch order is rebuilt by
+    ``idx_mapping``. Within one scheduler step MRv2 frees finished and preempted requests
+    in sorted order of their ids (``GPUModelRunner.finish_requests``): see
+    ``mrv2_step_order``.
     """
 
     def __init__(self, tables: MRv2BlockTables) -> None:
         super().__init__(tables.num_groups, tables.max_num_reqs)
         self.tables = tables
+        self._free_stack = list(range(tables.max_num_reqs))
+
+    def _free(self) -> list[int]:
+        return self._free_stack[::-1]  # pop() takes the last one
+
+    def _commit(self, op: Add, loc: int) -> None:
+        self._free_stack.remove(loc)
+        super()._commit(op, loc)
 
     def apply(self, op: Op) -> None:
         if isinstance(op, Add):
@@ -230,7 +243,7 @@ class MRv2ScheduleState(_Lifecycle):
             self._check_groups(op)
             self.tables.append_block_ids(self._live(op.req, "Append"), op.block_ids, overwrite=False)
         elif isinstance(op, (Remove, Preempt)):
-            self._leave(op)
+            self._free_stack.append(self._leave(op))
         elif isinstance(op, (Move, Swap)):
             pass
         else:
@@ -242,6 +255,15 @@ class MRv2ScheduleState(_Lifecycle):
             for req, slot in self.locations.items()
         }
         return ScheduleResult(blocks, dict(self.locations), self.tables)
+
+
+def mrv2_step_order(step_ops: Sequence[Op]) -> list[Op]:
+    """One scheduler step's ops in the order MRv2's ``execute_model`` applies them:
+    ``finish_requests`` (finished and preempted, sorted by request id), then
+    ``add_requests`` and ``update_requests`` in schedule order. Row moves and swaps are
+    MRv1 ``InputBatch`` operations; MRv2 has none."""
+    leaves = sorted((op for op in step_ops if isinstance(op, (Remove, Preempt))), key=lambda op: str(op.req))
+    return leaves + [op for op in step_ops if not isinstance(op, (Remove, Preempt))]
 
 
 def run_schedule_mrv1(

@@ -1,0 +1,118 @@
+"""Request schedules of a case: which to run through the runners' block tables, and their verdict.
+
+``plan_schedules(case, seed, count)`` draws ``count`` seeded schedules
+(``suites.block_table_scenarios.case_scenarios``) over the case's KV cache groups as the
+reference predicts them (``reference.block_tables.scenarios.case_groups``), plus, per
+runner, the kernel block size the reference predicts for each layer's attention group.
+The driver (``gpu_impl.vllm_cpu.planning.observe(..., schedules=...)``) runs them
+through the block tables each runner built; ``schedule_divergences`` diffs its result
+with the reference's steps (``conformance.diff.compare_schedule``), which
+``conformance.diff.compare`` reports with the rest of the case.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from reference.config import CaseConfig
+
+DEFAULT_SCHEDULES = 2
+"""Schedules per case for the named cases (``kvconform run --schedules``)."""
+
+
+@dataclass(frozen=True)
+class SchedulePlan:
+    """The schedules of one case and what the reference needs to judge them."""
+
+    scenarios: tuple[dict[str, Any], ...] = ()
+    """``reference.schedule`` scenarios, the same for both runners."""
+    layer_kernel_block_sizes: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
+    """Per runner, per owner (``runner``: the runner's own attention groups; ``drafter``:
+    the drafter's / speculator's), per layer: the kernel block size its attention group
+    expands block tables to."""
+    skipped: str | None = None
+    """Why the case has no schedules (no KV cache groups the schedules fill, a refusal)."""
+    seed: int = 0
+    """The run seed the schedules were drawn from."""
+
+
+def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
+    """``count`` schedules for ``case`` (none when ``count`` is 0 or no schedule fits)."""
+    from conformance.diff import reference_prediction
+    from reference.block_tables.scenarios import case_groups
+    from suites.block_table_scenarios import case_scenarios
+
+    if count <= 0:
+        return SchedulePlan(skipped="no schedules asked for (--schedules 0)", seed=seed)
+    derivations = {}
+    for runner in ("mrv1", "mrv2"):
+        derivation, _, _ = reference_prediction(case, runner)
+        if derivation is not None:
+            derivations[runner] = derivation
+    if not derivations:
+        return SchedulePlan(skipped="the reference predicts vLLM refuses the case (or does not model it)", seed=seed)
+    first = next(iter(derivations.values()))
+    groups = case_groups(first)
+    if isinstance(groups, str):
+        return SchedulePlan(skipped=groups, seed=seed)
+    scenarios = case_scenarios(case.name, groups, max_model_len=case.max_model_len,
+                               dcp_world=case.decode_context_parallel_size, seed=seed, count=count)
+    kernels = {runner: _kernel_sizes_by_owner(case, d) for runner, d in derivations.items()}
+    return SchedulePlan(tuple(scenarios), kernels, seed=seed)
+
+
+def _kernel_sizes_by_owner(case: CaseConfig, derivation: Any) -> dict[str, dict[str, int]]:
+    """Targets: their builders' kernel block size. Drafts: the drafter's (speculator's)
+    builders' size for the drafter's groups; in the runner's own groups (which hold every
+    layer of the KV cache config) their KV cache group's kernel block size."""
+    drafts = {layer.name for layer in case.layers if layer.is_draft}
+    builders = derivation.builder_kernel_block_sizes
+    own = {name: size for name, size in builders.items() if name not in drafts}
+    for gid, group in enumerate(derivation.groups):
+        for name in group.layer_names:
+            if name in drafts:
+                own[name] = derivation.kernel_block_sizes[gid]
+    return {"runner": own, "drafter": {name: size for name, size in builders.items() if name in drafts}}
+
+
+def schedule_divergences(case: CaseConfig, runner: str, plan: SchedulePlan, observation: Any) -> tuple[Any, ...]:
+    """Every divergence of ``observation.schedules`` from the reference's steps of the plan."""
+    from conformance.diff import compare_schedule
+    from reference.block_tables.scenarios import predict_runner
+
+    observed = tuple(getattr(observation, "schedules", ()) or ())
+    if not plan.scenarios or not observed or runner not in plan.layer_kernel_block_sizes:
+        return ()
+    out: list[Any] = []
+    for scenario, got in zip(plan.scenarios, observed):
+        if "steps" not in got:
+            continue  # unsupported / does not fit: said in the report's schedule summary
+        out += compare_schedule(case, runner, scenario, predict_runner(scenario, runner), got,
+                                plan.layer_kernel_block_sizes[runner])
+    return tuple(out)
+
+
+def schedule_summary(plan: SchedulePlan | None, observation: Any) -> dict[str, Any]:
+    """For the report: how many schedules ran through this runner's block tables, and why not the others."""
+    if plan is None:
+        return {"run": 0, "not_run": "no schedules asked for"}
+    if plan.skipped:
+        return {"run": 0, "not_run": plan.skipped}
+    if getattr(observation, "unsupported", None):
+        return {"run": 0, "not_run": "the case was not observed"}
+    why = getattr(observation, "schedules_unsupported", None)
+    observed = tuple(getattr(observation, "schedules", ()) or ())
+    if why or not observed:
+        reason = why or (f"vLLM refused the case ({getattr(observation, 'error_stage', None)})"
+                         if getattr(observation, "error", None) else "not run")
+        return {"run": 0, "not_run": reason}
+    ran = [s for s in observed if "steps" in s]
+    reasons = sorted({s.get("does_not_fit") or s.get("unsupported") or "" for s in observed if "steps" not in s} - {""})
+    summary: dict[str, Any] = {"run": len(ran), "seed": plan.seed, "names": [s["name"] for s in ran]}
+    if reasons:
+        summary["not_run"] = "; ".join(reasons)
+    return summary
+
+
+__all__ = ["DEFAULT_SCHEDULES", "SchedulePlan", "plan_schedules", "schedule_divergences", "schedule_summary"]

@@ -1,0 +1,307 @@
+"""Request schedules through the block tables each runner built in its own ``initialize_kv_cache``.
+
+After ``planning`` has run a runner's ``initialize_kv_cache`` (``runners``), the runner
+holds the block tables it constructed from the KV cache config, with its own widths,
+slot-mapping modes, DCP settings and kernel block sizes, and attention groups whose
+``kernel_block_table`` buffers its metadata-builder set-up allocated. A scenario
+(``reference.schedule``) is then run through those objects:
+
+- MRv1 (``gpu_model_runner.py``): the ``InputBatch``'s ``MultiGroupBlockTable``
+  (``add_row`` / ``append_row`` / ``clear_row`` / ``move_row`` / ``swap_row``,
+  ``commit_block_table``, ``compute_slot_mapping``), the slot mappings from the
+  runner's own ``_get_slot_mappings`` (its PAD fill), the attention tables as
+  ``_build_attention_metadata`` takes them (``get_device_tensor`` with the padded rows
+  set to the null block; that code is a closure inside the method, so its two lines
+  are repeated here) and each attention group's ``map_to_kernel_block_table``. Which
+  row a request occupies is the schedule's (``InputBatch.add_request`` needs a full
+  request state with sampling parameters): new requests take the lowest free row and
+  the schedule's ``move`` ops condense the batch as ``InputBatch.condense`` does.
+- MRv2 (``gpu/model_runner.py``): the runner's own ``finish_requests``,
+  ``add_requests`` and ``update_requests`` on scheduler-output stand-ins (so its
+  ``RequestState`` picks each request's slot), ``block_tables.apply_staged_writes``
+  as ``execute_model`` calls it, the runner's ``prepare_attn`` (gathered tables and slot
+  mappings) and each attention group's ``map_to_kernel_block_table`` (the runner's and
+  the speculator's).
+
+The Triton kernels run in the Triton interpreter: the process must have had
+``TRITON_INTERPRET=1`` (and ``CUDA_VISIBLE_DEVICES=""``) before vLLM was imported
+(``kvconform run`` and the test suite set it); otherwise ``schedule_support()`` says
+why and nothing is run. Nothing here imports the reference beyond the case description.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any, Mapping, Sequence
+
+from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _Locations, _tolist
+from reference.schedule import ScenarioError, first_positions, normalize_scenario, step_token_layout
+
+Result = dict[str, Any]
+
+_VLLM_ERRORS = (ValueError, RuntimeError, IndexError, AssertionError, KeyError)
+
+
+def prepare_process_env() -> bool:
+    """Set the Triton interpreter's environment if vLLM is not imported yet; True if set now or before."""
+    import sys
+
+    if all(os.environ.get(k) == v for k, v in TRITON_CPU_ENV.items()):
+        return True
+    if "vllm" in sys.modules or "triton" in sys.modules:
+        return False
+    os.environ.update(TRITON_CPU_ENV)
+    return True
+
+
+def schedule_support() -> str | None:
+    """Why this process cannot run vLLM's block-table kernels, or None when it can."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return ("vLLM's block-table kernels need the Triton interpreter on CPU: TRITON_INTERPRET=1 and "
+                "CUDA_VISIBLE_DEVICES='' before vLLM is imported (kvconform run sets them)")
+    try:
+        import vllm.v1.worker.block_table as mrv1_tables
+        import vllm.v1.worker.gpu.block_table as mrv2_tables
+    except ImportError as exc:
+        return f"vLLM's block tables do not import: {exc}"
+    for module in (mrv1_tables, mrv2_tables):
+        kernels = [v for k, v in vars(module).items() if k.startswith("_") and k.endswith("_kernel")]
+        if kernels and not all(type(k).__name__ == "InterpretedFunction" for k in kernels):
+            return (f"{module.__name__} was imported before TRITON_INTERPRET=1 was set: its kernels are not "
+                    "interpreted (set it before anything imports vLLM)")
+    return None
+
+
+def _attention_group_entries(groups_by_gid, owner: str) -> list[tuple[int, str, Any]]:
+    return [(gid, owner, ag) for gid, groups in enumerate(groups_by_gid or []) for ag in groups]
+
+
+def _kernel_tables(entries: Sequence[tuple[int, str, Any]], tables: Sequence[Any]) -> list[dict[str, Any]]:
+    """Each attention group's ``map_to_kernel_block_table`` of its KV cache group's table
+    (``owner``: the runner's own groups, or the drafter's / speculator's)."""
+    out = []
+    for gid, owner, group in entries:
+        if gid >= len(tables):
+            continue
+        rows = group.map_to_kernel_block_table(tables[gid])
+        out.append({"group": gid, "owner": owner, "layers": sorted(group.layer_names), "rows": _tolist(rows)})
+    return out
+
+
+class _MRv1Schedule:
+    """A scenario through MRv1's own ``InputBatch.block_table`` and attention groups."""
+
+    def __init__(self, instance, sc: Mapping[str, Any]) -> None:
+        self.instance, self.sc = instance, sc
+        self.table = instance.input_batch.block_table
+        self.num_groups = len(self.table.block_tables)
+        self.widths = [int(t.get_numpy_array().shape[1]) for t in self.table.block_tables]
+        groups = list(getattr(instance, "attn_groups", []) or [])
+        drafter = getattr(instance, "drafter", None)
+        draft = list(getattr(drafter, "draft_attn_groups", []) or [])
+        self.entries = _attention_group_entries(groups, "runner")
+        # The drafter's attention groups carry their own kv_cache_group_id.
+        self.entries += [(int(ag.kv_cache_group_id), "drafter", ag) for ag in draft]
+        self.locations = _Locations(int(instance.max_num_reqs))
+
+    def apply_step(self, step: Mapping[str, Any]) -> None:
+        rows = self.locations
+        for op in step["ops"]:
+            kind = op[0]
+            if kind == "add":
+                self.table.add_row(tuple(list(ids) for ids in op[2]), rows.take(op[1]))
+            elif kind == "append":
+                self.table.append_row(tuple(list(ids) for ids in op[2]), rows.at(op[1]))
+            elif kind in ("remove", "preempt"):
+                self.table.clear_row(rows.leave(op[1]))
+            elif kind == "move":
+                owner = rows.owner()
+                if op[1] not in owner or op[2] in owner:
+                    raise ScenarioError(f"move {op!r} needs a live source row and a free target row")
+                self.table.move_row(op[1], op[2])
+                rows.of[owner[op[1]]] = op[2]
+            elif kind == "swap":
+                owner = rows.owner()
+                self.table.swap_row(op[1], op[2])
+                for a, b in ((op[1], op[2]), (op[2], op[1])):
+                    if a in owner:
+                        rows.of[owner[a]] = b
+
+    def blocks(self) -> dict[str, list[list[int]]]:
+        out = {}
+        for req, row in self.locations.of.items():
+            out[req] = [t.get_numpy_array()[row, : int(t.num_blocks_per_row[row])].tolist() for t in self.table.block_tables]
+        return out
+
+    def forward(self, step: Mapping[str, Any]) -> dict[str, Any]:
+        import torch
+
+        for i, (req, _) in enumerate(step["batch"]):
+            if self.locations.of.get(req) != i:
+                raise ScenarioError(f"MRv1 batch position {i} is {req!r} but that request is in row "
+                                    f"{self.locations.of.get(req)}; MRv1 batches are rows 0..n-1 in order")
+        n, padded = len(step["batch"]), step["num_reqs_padded"]
+        qsl, positions, _, _ = step_token_layout(step)
+        self.table.commit_block_table(n)  # _prepare_inputs
+        self.table.compute_slot_mapping(n, torch.tensor(qsl, dtype=torch.int32), torch.tensor(positions, dtype=torch.int64))
+        slots_by_gid, _ = self.instance._get_slot_mappings(
+            num_tokens_padded=step["num_tokens_padded"], num_reqs_padded=padded, num_tokens_unpadded=len(positions))
+        tables = []
+        for t in self.table.block_tables:
+            # _build_attention_metadata._get_block_table
+            blk = t.get_device_tensor(padded)
+            blk[n:padded].fill_(NULL_BLOCK_ID)
+            tables.append(blk)
+        return {
+            "tables": [_tolist(t) for t in tables],
+            "kernel_tables": _kernel_tables(self.entries, tables),
+            "slot_mappings": [_tolist(slots_by_gid[g]) for g in range(self.num_groups)],
+        }
+
+
+class _MRv2Schedule:
+    """A scenario through MRv2's own request updates, ``BlockTables`` and ``prepare_attn``."""
+
+    def __init__(self, instance, sc: Mapping[str, Any]) -> None:
+        from vllm.v1.worker.gpu.lora_utils import LoraState
+
+        self.instance, self.sc = instance, sc
+        tables = instance.block_tables
+        self.num_groups = int(tables.num_kv_cache_groups)
+        self.widths = [int(t.gpu.shape[1]) for t in tables.block_tables]
+        speculator = getattr(instance, "speculator", None)
+        self.entries = _attention_group_entries(getattr(instance, "attn_groups", None), "runner")
+        self.entries += _attention_group_entries(getattr(speculator, "attn_groups", None), "drafter")
+        # What GPUModelRunner.__init__ sets and the request updates read; no pooling,
+        # pipeline stages, prompt logprobs or sampler on this rank (not the last PP rank).
+        for name, value in (("pooling_runner", None), ("pp_handler", None), ("prompt_logprobs_worker", None),
+                            ("sampler", None), ("is_last_pp_rank", False), ("kv_block_zeroer", None),
+                            ("lora_state", LoraState(max_num_reqs=int(instance.max_num_reqs)))):
+            if not hasattr(instance, name):
+                setattr(instance, name, value)
+        self._num_computed: dict[str, int] = {}
+
+    @property
+    def locations(self) -> SimpleNamespace:
+        return SimpleNamespace(of=dict(self.instance.req_states.req_id_to_index))
+
+    def apply_step(self, step: Mapping[str, Any]) -> None:
+        firsts = first_positions(step)
+        last = {req: (pos[-1] if pos else 0) for req, pos in step["batch"]}
+        new, cached_ids, cached_computed, cached_blocks = [], [], [], []
+        finished, preempted = set(), set()
+        for op in step["ops"]:
+            kind, req = op[0], op[1]
+            if kind == "remove":
+                finished.add(req)
+            elif kind == "preempt":
+                preempted.add(req)
+            elif kind == "add":
+                start = firsts.get(req, 0)
+                tokens = [0] * max(1, last.get(req, 0) + 1)
+                new.append(SimpleNamespace(
+                    req_id=req, prompt_token_ids=tokens, prefill_token_ids=tokens, prompt_len=len(tokens),
+                    mm_features=[], sampling_params=None, pooling_params=None, block_ids=tuple(list(i) for i in op[2]),
+                    num_computed_tokens=start, lora_request=None, prompt_embeds=None))
+            elif kind == "append":
+                cached_ids.append(req)
+                cached_computed.append(firsts.get(req, 0))
+                cached_blocks.append(tuple(list(i) for i in op[2]))
+        for req in firsts:  # scheduled again without new blocks
+            if req not in cached_ids and all(n.req_id != req for n in new):
+                cached_ids.append(req)
+                cached_computed.append(firsts[req])
+                cached_blocks.append(None)
+        out = SimpleNamespace(
+            finished_req_ids=finished, preempted_req_ids=preempted, scheduled_new_reqs=new,
+            scheduled_cached_reqs=SimpleNamespace(req_ids=cached_ids, num_computed_tokens=cached_computed,
+                                                  new_block_ids=cached_blocks),
+            new_block_ids_to_zero=None, kv_cache_block_copies=None, free_encoder_mm_hashes=[],
+        )
+        runner = self.instance
+        # execute_model's order (gpu/model_runner.py).
+        runner.finish_requests(out)
+        runner.free_states(out)
+        runner.add_requests(out)
+        runner.update_requests(out)
+        runner.block_tables.apply_staged_writes()
+
+    def blocks(self) -> dict[str, list[list[int]]]:
+        tables = self.instance.block_tables
+        out = {}
+        for req, slot in self.instance.req_states.req_id_to_index.items():
+            out[req] = [_tolist(tables.block_tables[g].gpu[slot, : int(tables.num_blocks.np[g, slot])])
+                        for g in range(self.num_groups)]
+        return out
+
+    def forward(self, step: Mapping[str, Any]) -> dict[str, Any]:
+        import torch
+
+        runner = self.instance
+        index = runner.req_states.req_id_to_index
+        idx = [index[req] for req, _ in step["batch"]]
+        # What postprocess leaves after the previous step: each scheduled request's
+        # computed tokens on the device (gather nulls sliding-window entries below them).
+        for req, first in first_positions(step).items():
+            runner.req_states.num_computed_tokens.gpu[index[req]] = first
+        qsl, positions, _, _ = step_token_layout(step)
+        batch = SimpleNamespace(
+            idx_mapping=torch.tensor(idx, dtype=torch.int32),
+            num_reqs_after_padding=step["num_reqs_padded"],
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            num_tokens_after_padding=step["num_tokens_padded"],
+        )
+        tables, slots = runner.prepare_attn(batch)
+        return {
+            "tables": [_tolist(t) for t in tables],  # copies: the buffers are reused next step
+            "kernel_tables": _kernel_tables(self.entries, tables),
+            "slot_mappings": _tolist(slots),
+        }
+
+
+def _fits(sc: Mapping[str, Any], num_groups: int, instance) -> str | None:
+    if len(sc["groups"]) != num_groups:
+        return f"the schedule has {len(sc['groups'])} KV cache groups, the runner's block tables {num_groups}"
+    if sc["max_num_reqs"] > int(instance.max_num_reqs):
+        return f"the schedule needs {sc['max_num_reqs']} requests, the runner holds {instance.max_num_reqs}"
+    if sc["max_num_batched_tokens"] > int(instance.max_num_tokens):
+        return f"the schedule needs {sc['max_num_batched_tokens']} tokens per step, the runner {instance.max_num_tokens}"
+    return None
+
+
+def run_schedule(runner: str, instance, scenario: Mapping[str, Any]) -> Result:
+    """One scenario through ``instance``'s own block tables (state accumulates: run each
+    scenario on a freshly initialised runner). ``widths`` and per step ``locations``,
+    ``blocks``, and for a step with a batch ``tables``, ``kernel_tables`` (one entry
+    per attention group: its KV cache group, layers and rows) and ``slot_mappings``;
+    ``error`` when vLLM raised; ``does_not_fit`` when the runner cannot hold it."""
+    sc = normalize_scenario(scenario)
+    cls = _MRv1Schedule if runner == "mrv1" else _MRv2Schedule
+    try:
+        driver = cls(instance, sc)
+    except (AttributeError, TypeError) as exc:
+        return {"name": sc["name"], "unsupported": f"{runner.upper()} block tables not reachable: {type(exc).__name__}: {exc}"}
+    why = _fits(sc, driver.num_groups, instance)
+    if why is not None:
+        return {"name": sc["name"], "does_not_fit": why}
+    out: Result = {"name": sc["name"], "widths": list(driver.widths), "steps": []}
+    for i, step in enumerate(sc["steps"]):
+        try:
+            driver.apply_step(step)
+            obs: dict[str, Any] = {"locations": dict(driver.locations.of), "blocks": driver.blocks()}
+            if step["batch"]:
+                obs.update(driver.forward(step))
+        except ScenarioError:
+            raise
+        except _VLLM_ERRORS as exc:
+            out["error"] = {"step": i, "message": f"{type(exc).__name__}: {exc}"}
+            break
+        except (AttributeError, TypeError) as exc:  # a changed runner API: say so
+            return {"name": sc["name"], "unsupported": f"{runner.upper()} step {i}: {type(exc).__name__}: {exc}"}
+        out["steps"].append(obs)
+    return out
+
+
+__all__ = ["prepare_process_env", "run_schedule", "schedule_support"]

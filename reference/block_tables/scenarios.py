@@ -1,0 +1,208 @@
+"""What the block tables hold after each step of a scenario (``reference.schedule``).
+
+``predict(scenario)`` steps the reference's MRv1 and MRv2 models through a scenario the
+way the runners step theirs and returns, per runner, the table widths and per step the
+request locations, the valid logical block ids per live request and group, the tables
+handed to attention (``num_reqs_padded`` rows), their kernel-block expansion and the
+slot mappings (``[:num_tokens_padded]``). A ``ConfigError`` ends a runner's steps with
+``error`` at that step (-1: construction), as vLLM's own exceptions end the driver's.
+
+``case_groups(derivation)`` gives the groups of a case's scenarios: the block-table
+parameters the runners derive from each KV cache group's spec. Pure Python.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from reference.block_tables._common import get_block_table_width
+from reference.block_tables.kernel import map_to_kernel_block_table
+from reference.block_tables.mrv1 import MRv1MultiGroupBlockTable
+from reference.block_tables.mrv2 import MRv2BlockTables
+from reference.block_tables.schedules import (
+    Add,
+    Append,
+    Move,
+    MRv1ScheduleState,
+    MRv2ScheduleState,
+    Op,
+    Preempt,
+    Remove,
+    ScheduleResult,
+    Swap,
+    mrv2_step_order,
+)
+from reference.errors import ConfigError
+from reference.schedule import first_positions, normalize_scenario, step_token_layout
+
+if TYPE_CHECKING:
+    from reference.derive import Derivation
+
+
+def schedule_op(op: Sequence[Any]) -> Op:
+    """A scenario op (``["add", req, ids]``, ...) as the reference's ``Op``."""
+    kind = op[0]
+    if kind == "add":
+        return Add(op[1], op[2])
+    if kind == "append":
+        return Append(op[1], op[2])
+    if kind == "remove":
+        return Remove(op[1])
+    if kind == "preempt":
+        return Preempt(op[1])
+    if kind == "move":
+        return Move(op[1], op[2])
+    return Swap(op[1], op[2])
+
+
+def kernel_ratio(group: Mapping[str, Any]) -> tuple[int, int]:
+    """``(R, kernel_block_stride)`` as ``map_to_kernel_block_table`` uses them."""
+    k = group["kernel_block_size"]
+    if k is None or k == group["block_size"]:
+        return 1, 0
+    return group["block_size"] // k, group["kernel_block_stride"]
+
+
+def blocks_of(result: ScheduleResult) -> dict[str, list[list[int]]]:
+    return {req: [list(g) for g in ids] for req, ids in result.blocks.items()}
+
+
+class _MRv1Model:
+    """MRv1: ``MultiGroupBlockTable`` rows as ``InputBatch`` moves them."""
+
+    def __init__(self, sc: Mapping[str, Any]) -> None:
+        groups, (W, r, I) = sc["groups"], sc["dcp"]
+        self.groups = groups
+        self.tables = MRv1MultiGroupBlockTable(
+            sc["max_num_reqs"], sc["max_num_batched_tokens"], [g["block_size"] for g in groups],
+            [g["max_num_blocks"] for g in groups], I, [g["mrv1_slot_mapping"] for g in groups],
+            dcp_world_size=W, dcp_rank=r,
+        )
+        self.state = MRv1ScheduleState(self.tables)
+        self.widths = self.tables.widths
+
+    def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
+        for op in step["ops"]:
+            self.state.apply(schedule_op(op))
+        res = self.state.result()
+        obs: dict[str, Any] = {"locations": dict(res.locations), "blocks": blocks_of(res)}
+        if step["batch"]:
+            n = len(step["batch"])
+            qsl, positions, _, _ = step_token_layout(step)
+            self.tables.compute_slot_mapping(n, qsl, positions)
+            rows = self.tables.batch_rows(n, step["num_reqs_padded"])
+            obs["tables"] = rows
+            obs["kernel_tables"] = [map_to_kernel_block_table(rows[g], *kernel_ratio(grp))
+                                    for g, grp in enumerate(self.groups)]
+            obs["slot_mappings"] = self.tables.get_slot_mappings(len(positions), step["num_tokens_padded"])
+        return obs
+
+
+class _MRv2Model:
+    """MRv2: ``BlockTables`` indexed by request-state slot."""
+
+    def __init__(self, sc: Mapping[str, Any]) -> None:
+        groups, (W, r, I) = sc["groups"], sc["dcp"]
+        self.groups = groups
+        self.widths = [get_block_table_width(g["max_num_blocks"], g["block_size"], g["token_alignment"])
+                       for g in groups]
+        self.tables = MRv2BlockTables(
+            [g["block_size"] for g in groups], sc["max_num_reqs"], sc["max_num_batched_tokens"], self.widths,
+            W, r, I, [g["mrv2_slot_mapping"] for g in groups], [g["dcp_sharded"] for g in groups],
+            [g["sliding_window_reach"] for g in groups],
+        )
+        self.state = MRv2ScheduleState(self.tables)
+
+    def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
+        for op in mrv2_step_order([schedule_op(op) for op in step["ops"]]):
+            self.state.apply(op)
+        res = self.state.result()
+        obs: dict[str, Any] = {"locations": dict(res.locations), "blocks": blocks_of(res)}
+        if step["batch"]:
+            idx = [res.locations[req] for req, _ in step["batch"]]
+            computed = {res.locations[req]: p for req, p in first_positions(step).items()}
+            gathered = self.tables.gather(idx, step["num_reqs_padded"], num_computed_tokens=computed)
+            _, _, qsl_all, positions_all = step_token_layout(step)
+            obs["tables"] = [list(t) for t in gathered]
+            obs["kernel_tables"] = [map_to_kernel_block_table(gathered[g], *kernel_ratio(grp))
+                                    for g, grp in enumerate(self.groups)]
+            obs["slot_mappings"] = self.tables.compute_slot_mappings(
+                idx + [-1] * len(step["dummy_tokens"]), qsl_all, positions_all, step["num_tokens_padded"])
+        return obs
+
+
+_MODELS = {"mrv1": _MRv1Model, "mrv2": _MRv2Model}
+
+
+def predict_runner(scenario: Mapping[str, Any], runner: str) -> dict[str, Any]:
+    """One runner's steps of ``scenario`` (normalised here)."""
+    sc = normalize_scenario(scenario)
+    try:
+        model = _MODELS[runner](sc)
+    except ConfigError as exc:
+        return {"widths": [], "steps": [], "error": {"step": -1, "message": f"ConfigError: {exc}"}}
+    steps: list[dict[str, Any]] = []
+    for k, step in enumerate(sc["steps"]):
+        try:
+            steps.append(model.step(step))
+        except ConfigError as exc:
+            return {"widths": model.widths, "steps": steps, "error": {"step": k, "message": f"ConfigError: {exc}"}}
+    return {"widths": model.widths, "steps": steps}
+
+
+def predict(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """Both runners' steps of ``scenario``: ``{"name", "mrv1": {...}, "mrv2": {...}}``."""
+    sc = normalize_scenario(scenario)
+    return {"name": sc["name"], "mrv1": predict_runner(sc, "mrv1"), "mrv2": predict_runner(sc, "mrv2")}
+
+
+# --- a case's block-table groups ------------------------------------------------------------------
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
+    """The scenario groups of a case: what each runner builds its block tables from.
+
+    Per KV cache group (``vllm/v1/kv_cache_interface.py``): attention specs are
+    DCP-sharded, need ``cdiv(max_model_len, block_size * dcp)`` entries per request
+    and align MRv2's width to 128 tokens; a sliding window keeps
+    ``sliding_window - 1`` tokens below a step readable (``num_retained_tokens``;
+    MRv2 nulls the entries below it); Mamba state is one replicated block per request
+    with no MRv1 slot mapping. The kernel block size of group ``g`` is
+    ``kernel_block_sizes[g]``. A string says why no schedule fits the case.
+    """
+    from reference.specs import MambaSpec, SpecKind, first_layer_spec
+
+    scheduled = (SpecKind.FULL, SpecKind.MLA, SpecKind.SLIDING_WINDOW, SpecKind.SLIDING_WINDOW_MLA,
+                 SpecKind.CHUNKED_LOCAL, SpecKind.SINK_FULL)
+    case = derivation.case
+    dcp = case.decode_context_parallel_size
+    out: list[dict[str, Any]] = []
+    for gid, group in enumerate(derivation.groups):
+        spec = first_layer_spec(group.spec)
+        B = group.spec.block_size
+        if isinstance(spec, MambaSpec):
+            out.append({"kind": "mamba", "block_size": B, "max_num_blocks": 1})
+            continue
+        if spec.kind not in scheduled:
+            # Cross-attention and encoder-only tables are sized by encoder inputs.
+            return f"KV cache group {gid} is {spec.kind.value}: a decoder request schedule does not fill its block table"
+        window = spec.sliding_window if spec.kind in (SpecKind.SLIDING_WINDOW, SpecKind.SLIDING_WINDOW_MLA) else None
+        shards = dcp if spec.dcp_sharded else 1
+        out.append({
+            "kind": "attention",
+            "block_size": B,
+            "max_num_blocks": _cdiv(case.max_model_len, B * shards),
+            "dcp_sharded": spec.dcp_sharded,
+            "kernel_block_size": derivation.kernel_block_sizes[gid],
+            "sliding_window_reach": (window - 1) if window else 0,
+        })
+    if not out:
+        return "the case has no KV cache groups"
+    return out
+
+
+__all__ = ["blocks_of", "case_groups", "kernel_ratio", "predict", "predict_runner", "schedule_op"]
