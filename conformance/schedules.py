@@ -13,7 +13,7 @@ with the reference's steps (``conformance.diff.compare_schedule``), which
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from reference.config import CaseConfig
 

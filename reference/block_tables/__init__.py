@@ -53,6 +53,7 @@ from reference.block_tables.schedules import (
     MRv2ScheduleState,
     run_schedule_mrv1,
     run_schedule_mrv2,
+    mrv2_step_order,
 )
 from reference.block_tables.slots import slot_mapping_mrv1, slot_mappings_mrv2
 
@@ -87,4 +88,5 @@ __all__ = [
     "MRv2ScheduleState",
     "run_schedule_mrv1",
     "run_schedule_mrv2",
+    "mrv2_step_order",
 ]

@@ -25,20 +25,15 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
 import pytest
 
-from gpu_impl.vllm_cpu.block_tables import (
-    first_positions,
-    normalize_scenario,
-    observe_block_tables,
-    prewarm,
-    replay_command,
-    step_token_layout,
-)
+from conformance.diff import compare_schedule
+from gpu_impl.vllm_cpu.block_tables import observe_block_tables, prewarm, replay_command
 from reference import block_tables as rb
-from reference.errors import ConfigError
+from reference.block_tables.scenarios import blocks_of, predict, schedule_op
+from reference.schedule import normalize_scenario
 from suites.block_table_scenarios import _attention, _mamba, make_scenario, sample_scenarios
 
 REPO = Path(__file__).resolve().parents[2]
@@ -178,205 +173,38 @@ if _VLLM_SPEC is not None and _VLLM_SPEC.origin is not None:  # not tests/vllm a
     prewarm()
 
 
-# --------------------------------------------------------------------------- reference
-
-
-def _ref_op(op: Sequence[Any]) -> rb.Op:
-    kind = op[0]
-    if kind == "add":
-        return rb.Add(op[1], op[2])
-    if kind == "append":
-        return rb.Append(op[1], op[2])
-    if kind == "remove":
-        return rb.Remove(op[1])
-    if kind == "preempt":
-        return rb.Preempt(op[1])
-    if kind == "move":
-        return rb.Move(op[1], op[2])
-    return rb.Swap(op[1], op[2])
-
-
-def _ratio(group: Mapping[str, Any]) -> tuple[int, int]:
-    """``(R, kernel_block_stride)`` as ``map_to_kernel_block_table`` uses them."""
-    k = group["kernel_block_size"]
-    if k is None or k == group["block_size"]:
-        return 1, 0
-    return group["block_size"] // k, group["kernel_block_stride"]
-
-
-def _blocks(result: rb.ScheduleResult) -> dict[str, list[list[int]]]:
-    return {req: [list(g) for g in ids] for req, ids in result.blocks.items()}
-
-
-class _RefMRv1:
-    """The reference's MRv1 model, stepped like ``gpu_impl``'s ``_MRv1`` driver."""
-
-    def __init__(self, sc: Mapping[str, Any]) -> None:
-        groups, (W, r, I) = sc["groups"], sc["dcp"]
-        self.groups = groups
-        self.tables = rb.MRv1MultiGroupBlockTable(
-            sc["max_num_reqs"], sc["max_num_batched_tokens"], [g["block_size"] for g in groups],
-            [g["max_num_blocks"] for g in groups], I, [g["mrv1_slot_mapping"] for g in groups],
-            dcp_world_size=W, dcp_rank=r,
-        )
-        self.state = rb.MRv1ScheduleState(self.tables)
-        self.widths = self.tables.widths
-
-    def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
-        for op in step["ops"]:
-            self.state.apply(_ref_op(op))
-        res = self.state.result()
-        obs: dict[str, Any] = {"locations": dict(res.locations), "blocks": _blocks(res)}
-        if step["batch"]:
-            n = len(step["batch"])
-            qsl, positions, _, _ = step_token_layout(step)
-            self.tables.compute_slot_mapping(n, qsl, positions)
-            rows = self.tables.batch_rows(n, step["num_reqs_padded"])
-            obs["tables"] = rows
-            obs["kernel_tables"] = [rb.map_to_kernel_block_table(rows[g], *_ratio(grp))
-                                    for g, grp in enumerate(self.groups)]
-            obs["slot_mappings"] = self.tables.get_slot_mappings(len(positions), step["num_tokens_padded"])
-        return obs
-
-
-class _RefMRv2:
-    """The reference's MRv2 model, stepped like ``gpu_impl``'s ``_MRv2`` driver."""
-
-    def __init__(self, sc: Mapping[str, Any]) -> None:
-        groups, (W, r, I) = sc["groups"], sc["dcp"]
-        self.groups = groups
-        self.widths = [rb.get_block_table_width(g["max_num_blocks"], g["block_size"], g["token_alignment"])
-                       for g in groups]
-        self.tables = rb.MRv2BlockTables(
-            [g["block_size"] for g in groups], sc["max_num_reqs"], sc["max_num_batched_tokens"], self.widths,
-            W, r, I, [g["mrv2_slot_mapping"] for g in groups], [g["dcp_sharded"] for g in groups],
-            [g["sliding_window_reach"] for g in groups],
-        )
-        self.state = rb.MRv2ScheduleState(self.tables)
-
-    def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
-        for op in step["ops"]:
-            self.state.apply(_ref_op(op))
-        res = self.state.result()
-        obs: dict[str, Any] = {"locations": dict(res.locations), "blocks": _blocks(res)}
-        if step["batch"]:
-            idx = [res.locations[req] for req, _ in step["batch"]]
-            computed = {res.locations[req]: p for req, p in first_positions(step).items()}
-            gathered = self.tables.gather(idx, step["num_reqs_padded"], num_computed_tokens=computed)
-            _, _, qsl_all, positions_all = step_token_layout(step)
-            obs["tables"] = [list(t) for t in gathered]
-            obs["kernel_tables"] = [rb.map_to_kernel_block_table(gathered[g], *_ratio(grp))
-                                    for g, grp in enumerate(self.groups)]
-            obs["slot_mappings"] = self.tables.compute_slot_mappings(
-                idx + [-1] * len(step["dummy_tokens"]), qsl_all, positions_all, step["num_tokens_padded"])
-        return obs
-
-
-def _predict_runner(sc: Mapping[str, Any], cls: type[_RefMRv1] | type[_RefMRv2]) -> dict[str, Any]:
-    """Every step; a ``ConfigError`` ends the run with ``error`` at its step (-1: construction)."""
-    try:
-        model = cls(sc)
-    except ConfigError as exc:
-        return {"widths": [], "steps": [], "error": {"step": -1, "message": f"ConfigError: {exc}"}}
-    steps: list[dict[str, Any]] = []
-    for k, step in enumerate(sc["steps"]):
-        try:
-            steps.append(model.step(step))
-        except ConfigError as exc:
-            return {"widths": model.widths, "steps": steps, "error": {"step": k, "message": f"ConfigError: {exc}"}}
-    return {"widths": model.widths, "steps": steps}
-
-
-def predict(scenario: Mapping[str, Any]) -> dict[str, Any]:
-    """The reference's prediction, shaped like ``observe_block_tables``' result."""
-    sc = normalize_scenario(scenario)
-    return {"name": sc["name"], "mrv1": _predict_runner(sc, _RefMRv1), "mrv2": _predict_runner(sc, _RefMRv2)}
-
-
 # --------------------------------------------------------------------------- diff
-
-
-def _diff_rows(where: str, ref: list[list[int]], got: list[list[int]], prefix_len: Callable[[int], int | None],
-               problems: list[str]) -> None:
-    """Row by row; ``prefix_len(i)`` None compares row ``i`` whole, else its first entries."""
-    if len(ref) != len(got):
-        problems.append(f"{where}: reference has {len(ref)} rows, vLLM {len(got)}")
-        return
-    for i, (a, b) in enumerate(zip(ref, got)):
-        n = prefix_len(i)
-        a_cmp, b_cmp = (a, b) if n is None else (a[:n], b[:n])
-        if a_cmp != b_cmp:
-            part = "" if n is None else f"[:{n}]"
-            problems.append(f"{where} row {i}{part}: reference {a_cmp}, vLLM {b_cmp}")
-
-
-def _diff_step(runner: str, k: int, sc: Mapping[str, Any], ref: Mapping[str, Any], got: Mapping[str, Any],
-               problems: list[str]) -> None:
-    step = sc["steps"][k]
-    where = f"step {k} {runner}"
-    for field in ("locations", "blocks"):
-        if ref[field] != got.get(field):
-            problems.append(f"{where} {field}: reference {ref[field]}, vLLM {got.get(field)}")
-    if not step["batch"]:
-        return
-    n = len(step["batch"])
-    for g, grp in enumerate(sc["groups"]):
-        R = _ratio(grp)[0]
-        counts = [len(ref["blocks"].get(req, [[]] * len(sc["groups"]))[g]) for req, _ in step["batch"]]
-
-        def prefix(i: int, scale: int) -> int | None:
-            # D7: MRv2 gathered rows keep stale ids past num_blocks; padded rows are zeroed whole.
-            return counts[i] * scale if runner == "mrv2" and i < n else None
-
-        _diff_rows(f"{where} tables[g={g}]", ref["tables"][g], got["tables"][g], lambda i: prefix(i, 1), problems)
-        _diff_rows(f"{where} kernel_tables[g={g}]", ref["kernel_tables"][g], got["kernel_tables"][g],
-                   lambda i: prefix(i, R), problems)
-        a, b = ref["slot_mappings"][g], got["slot_mappings"][g]
-        if a != b:
-            bad = [t for t in range(max(len(a), len(b))) if a[t:t + 1] != b[t:t + 1]]
-            problems.append(f"{where} slot_mappings[g={g}] differ at tokens {bad[:8]}: reference {a}, vLLM {b}")
 
 
 def _diff_final(sc: Mapping[str, Any], got: Mapping[str, Any], problems: list[str]) -> None:
     """``run_schedule_mrv1/mrv2`` over the whole schedule against vLLM's state after the last step."""
     groups = sc["groups"]
-    ops = [_ref_op(op) for step in sc["steps"] for op in step["ops"]]
+    ops = [schedule_op(op) for step in sc["steps"] for op in step["ops"]]
+    # MRv2 frees a step's finished requests in sorted order before its adds.
+    ops_mrv2 = [op for step in sc["steps"] for op in rb.mrv2_step_order([schedule_op(o) for o in step["ops"]])]
     sizes, max_blocks = [g["block_size"] for g in groups], [g["max_num_blocks"] for g in groups]
     common = {"max_num_batched_tokens": sc["max_num_batched_tokens"]}
     final = {
         "mrv1": rb.run_schedule_mrv1(ops, sizes, max_blocks, sc["max_num_reqs"],
                                      slot_mapping_modes=[g["mrv1_slot_mapping"] for g in groups], **common),
-        "mrv2": rb.run_schedule_mrv2(ops, sizes, max_blocks, sc["max_num_reqs"],
+        "mrv2": rb.run_schedule_mrv2(ops_mrv2, sizes, max_blocks, sc["max_num_reqs"],
                                      token_alignments=[g["token_alignment"] for g in groups], **common),
     }
     for runner, res in final.items():
         steps = got[runner]["steps"]
         if len(steps) != len(sc["steps"]):
             continue  # already reported
-        if dict(res.locations) != steps[-1]["locations"] or _blocks(res) != steps[-1]["blocks"]:
-            problems.append(f"{runner} run_schedule final state: reference {dict(res.locations)} {_blocks(res)}, "
+        if dict(res.locations) != steps[-1]["locations"] or blocks_of(res) != steps[-1]["blocks"]:
+            problems.append(f"{runner} run_schedule final state: reference {dict(res.locations)} {blocks_of(res)}, "
                             f"vLLM {steps[-1]['locations']} {steps[-1]['blocks']}")
 
 
 def diff(scenario: Mapping[str, Any], ref: Mapping[str, Any], got: Mapping[str, Any]) -> list[str]:
-    """Every field where the reference's prediction and vLLM's observation differ."""
+    """Every field where the reference's prediction and vLLM's observation differ
+    (``conformance.diff.compare_schedule`` per runner, then the whole-schedule check)."""
     sc = normalize_scenario(scenario)
-    problems: list[str] = []
-    for runner in ("mrv1", "mrv2"):
-        r, o = ref[runner], got[runner]
-        r_err, o_err = r.get("error"), o.get("error")
-        err_step = [e["step"] if e else None for e in (r_err, o_err)]
-        if err_step[0] != err_step[1]:
-            # Only whether and where a runner fails is compared: the messages differ by design (D20).
-            problems.append(f"{runner}: reference error {r_err!r}, vLLM error {o_err!r}")
-        if -1 in err_step:
-            continue
-        if r["widths"] != o["widths"]:
-            problems.append(f"{runner} widths: reference {r['widths']}, vLLM {o['widths']}")
-        for k, (rs, os_) in enumerate(zip(r["steps"], o["steps"])):
-            _diff_step(runner, k, sc, rs, os_, problems)
-        if len(r["steps"]) != len(o["steps"]) and err_step[0] == err_step[1]:
-            problems.append(f"{runner}: reference ran {len(r['steps'])} steps, vLLM {len(o['steps'])}")
+    problems = [d.message for runner in ("mrv1", "mrv2")
+                for d in compare_schedule(sc["name"], runner, sc, ref[runner], got[runner])]
     if not any("error" in got[runner] for runner in ("mrv1", "mrv2")):
         _diff_final(sc, got, problems)
     return problems

@@ -535,8 +535,10 @@ def test_connector_block_size_from_views(axis: int, kinds: set[str]) -> None:
 def test_every_kind_has_a_mutation() -> None:
     """Each kind is reported by some mutation test (intended, or as a consequence)."""
     from conformance.diff import ENGINE_ONLY_KINDS
+    from test_runner_schedules import SCHEDULE_MUTATION_KINDS  # the block-table meta-tests
 
     covered = set().union(*(m.kinds for m in MUTATIONS)) | {"mrv1_mrv2_mismatch", "connector_kernel_block_size"}
+    covered |= SCHEDULE_MUTATION_KINDS
     assert covered == set(KINDS) - set(ENGINE_ONLY_KINDS)
 
 

@@ -1,0 +1,172 @@
+"""Request schedules through each runner's own block tables, as ``kvconform run`` checks them.
+
+Every named case a schedule fits runs seeded schedules (``conformance.schedules``)
+through the block tables, slot mappings and attention groups MRv1's and MRv2's own
+``initialize_kv_cache`` built, and is diffed step by step with the reference
+(kinds ``block_table`` / ``slot_mapping``). Meta-tests replace a function only one
+runner's own code calls by a plausible wrong variant and assert the divergence is
+reported for that runner only. Each failure prints the seed, the config and a replay line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.diff import compare, kinds_of
+from conformance.schedules import plan_schedules, schedule_summary
+from conformance.vllm_run import replay_command
+from gpu_impl.vllm_cpu.planning import observe
+from gpu_impl.vllm_cpu.runner_tables import schedule_support
+from suites.named_cases import CASES
+from suites.profiles import PROJECT_SEED
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEDULES = 2
+
+SCHEDULE_MUTATION_KINDS = frozenset({"block_table", "slot_mapping"})
+"""The kinds the meta-tests below prove are caught (``test_mutations`` counts them)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter() -> None:
+    why = schedule_support()
+    if why is not None:
+        pytest.skip(f"vLLM's block-table kernels cannot run in this process: {why}")
+
+
+def _run(case_name: str, seed: int = PROJECT_SEED):
+    case = CASES[case_name]
+    plan = plan_schedules(case, seed, SCHEDULES)
+    observations = {runner: observe(case, runner, schedules=plan.scenarios) for runner in ("mrv1", "mrv2")}
+    comparisons = {runner: compare(case, runner, obs, plan) for runner, obs in observations.items()}
+    return plan, observations, comparisons
+
+
+def _explain(case_name: str, comparisons, seed: int = PROJECT_SEED) -> str:
+    case = CASES[case_name]
+    lines = [f"seed: {seed}", f"config: {case.to_json()}", f"replay: {replay_command(case, seed, SCHEDULES)}"]
+    for runner, c in comparisons.items():
+        lines += [f"{runner}: {c.status}"] + [f"  {d.message}" for d in c.divergences[:12]]
+    return "\n".join(lines)
+
+
+def _schedulable() -> list[str]:
+    return [name for name, case in CASES.items() if plan_schedules(case, PROJECT_SEED, 1).scenarios]
+
+
+@pytest.mark.parametrize("case_name", _schedulable())
+def test_schedules_through_both_runners_match_the_reference(case_name: str) -> None:
+    plan, observations, comparisons = _run(case_name)
+    for runner, obs in observations.items():
+        if obs.unsupported or obs.error:
+            continue  # judged by compare() as a refusal; nothing was scheduled
+        summary = schedule_summary(plan, obs)
+        assert summary["run"] == SCHEDULES, (runner, summary)
+    schedule_kinds = {d.kind for c in comparisons.values() for d in c.divergences} & {"block_table", "slot_mapping"}
+    assert not schedule_kinds, _explain(case_name, comparisons)
+
+
+def test_named_cases_mostly_schedule() -> None:
+    """Every named case but the refused, unsupported and encoder-input ones gets schedules."""
+    assert len(_schedulable()) >= 30
+
+
+def _padded(plan) -> tuple[bool, bool]:
+    steps = [s for sc in plan.scenarios for s in sc["steps"] if s.get("batch")]
+    rows = any(s.get("num_reqs_padded", len(s["batch"])) > len(s["batch"]) for s in steps)
+    tokens = any(s.get("num_tokens_padded", 0) > sum(len(p) for _, p in s["batch"]) + sum(s.get("dummy_tokens", []))
+                 for s in steps)
+    return rows, tokens
+
+
+CASE = "flashinfer-b128-k64"
+
+
+def test_mrv1_slot_mappings_without_their_padding_are_seen_in_mrv1_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GPUModelRunner._get_slot_mappings`` (gpu_model_runner.py) cut to the real tokens:
+    the padded tokens a CUDA graph replays have no slot (PAD_SLOT_ID) to skip."""
+    import vllm.v1.worker.gpu_model_runner as mrv1_module
+
+    plan, _, comparisons = _run(CASE)
+    assert _padded(plan)[1], "the schedules have no token padding: the mutant could not show"
+    assert {c.status for c in comparisons.values()} == {"pass"}, _explain(CASE, comparisons)
+    original = mrv1_module.GPUModelRunner._get_slot_mappings
+
+    def unpadded(self, num_tokens_padded, num_reqs_padded, num_tokens_unpadded, ubatch_slices=None):
+        by_gid, by_layer = original(self, num_tokens_padded, num_reqs_padded, num_tokens_unpadded, ubatch_slices)
+        return {gid: t[:num_tokens_unpadded] for gid, t in by_gid.items()}, by_layer
+
+    monkeypatch.setattr(mrv1_module.GPUModelRunner, "_get_slot_mappings", unpadded)
+    _, _, comparisons = _run(CASE)
+    assert kinds_of(comparisons["mrv1"].divergences) == {"slot_mapping"}, _explain(CASE, comparisons)
+    assert comparisons["mrv2"].status == "pass", _explain(CASE, comparisons)
+
+
+def test_mrv2_gather_without_request_padding_is_seen_in_mrv2_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GPUModelRunner.prepare_attn`` (gpu/model_runner.py) gathering only the real
+    requests: the padded rows CUDA graphs replay are missing from the tables."""
+    import vllm.v1.worker.gpu.model_runner as mrv2_module
+
+    plan, _, comparisons = _run(CASE)
+    assert _padded(plan)[0], "the schedules have no request padding: the mutant could not show"
+    assert {c.status for c in comparisons.values()} == {"pass"}, _explain(CASE, comparisons)
+    original = mrv2_module.GPUModelRunner.prepare_attn
+
+    def unpadded(self, input_batch):
+        batch = SimpleNamespace(**{**vars(input_batch), "num_reqs_after_padding": int(input_batch.idx_mapping.shape[0])})
+        return original(self, batch)
+
+    monkeypatch.setattr(mrv2_module.GPUModelRunner, "prepare_attn", unpadded)
+    _, _, comparisons = _run(CASE)
+    assert kinds_of(comparisons["mrv2"].divergences) == {"block_table"}, _explain(CASE, comparisons)
+    assert comparisons["mrv1"].status == "pass", _explain(CASE, comparisons)
+
+
+def test_mrv2_speculator_kernel_tables_are_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MRv2's speculator expands the draft's block table with its own attention group
+    (128-token kernel blocks on this case), the runner's own group with the target's 64:
+    a speculator that reused the runner's groups would show as a block_table divergence."""
+    import vllm.v1.worker.gpu.spec_decode.eagle.speculator as speculator_module  # noqa: F401
+
+    name = "mla-gqa-draft-b128-k64"
+    plan, observations, comparisons = _run(name)
+    assert comparisons["mrv2"].status == "pass", _explain(name, comparisons)
+    steps = [st for s in observations["mrv2"].schedules for st in s["steps"] if "kernel_tables" in st]
+    owners = {(e["owner"], e["layers"][0]) for st in steps for e in st["kernel_tables"]}
+    assert ("drafter", "draft.layers.2.attn") in owners and ("runner", "draft.layers.2.attn") in owners, owners
+    from gpu_impl.vllm_cpu import runner_tables
+
+    original = runner_tables._MRv2Schedule.__init__
+
+    def shared_groups(self, instance, sc):
+        original(self, instance, sc)
+        own = [e for e in self.entries if e[1] == "runner"]
+        self.entries = own + [(gid, "drafter", group) for gid, _, group in own]
+
+    monkeypatch.setattr(runner_tables._MRv2Schedule, "__init__", shared_groups)
+    _, _, comparisons = _run(name)
+    assert kinds_of(comparisons["mrv2"].divergences) == {"block_table"}, _explain(name, comparisons)
+
+
+def test_a_process_without_the_interpreter_says_why(tmp_path: Path) -> None:
+    """Triton imported before TRITON_INTERPRET=1 could be set: the report says the schedules did not run, and why."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES")}
+    code = (
+        "import triton, sys\n"
+        "from conformance.cli import main\n"
+        f"sys.exit(main(['run', '--case', 'flashinfer-b16', '--json', {str(tmp_path / 'r.json')!r}]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    summaries = [r["schedules"] for res in report["results"] for r in res["runners"].values()]
+    assert summaries and all(s["run"] == 0 and "TRITON_INTERPRET" in s["not_run"] for s in summaries), summaries
