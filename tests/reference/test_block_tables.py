@@ -527,12 +527,12 @@ def _blocks(bs):
 
 def test_schedule_example_with_preemption_and_condense():
     sched = [
-        Add("a", [[5, 9]]),
-        Add("b", [[3]]),
+        Add("a", [[5, 9]]),  # MRv1 row 0; MRv2 slot 3 (RequestState pops the last free slot)
+        Add("b", [[3]]),  # row 1 / slot 2
         Append("a", [[11]]),
-        Preempt("a"),  # frees MRv1 row 0 / MRv2 slot 0 without clearing MRv2's row
-        Add("c", [[8]]),  # takes row 0 / slot 0
-        Add("a", [[7]]),  # resumed with fresh blocks: row 2 / slot 2
+        Preempt("a"),  # frees MRv1 row 0 / MRv2 slot 3 without clearing MRv2's row
+        Add("c", [[8]]),  # takes row 0 / slot 3 (the slot freed last)
+        Add("a", [[7]]),  # resumed with fresh blocks: row 2 / slot 1
         Remove("b"),
         Move(2, 1),  # condense: last row into the hole
         Swap(0, 1),
@@ -542,8 +542,8 @@ def test_schedule_example_with_preemption_and_condense():
     expected = {"a": ((7,),), "c": ((8,),)}
     assert r1.blocks == expected and r2.blocks == expected
     assert r1.locations == {"a": 0, "c": 1}
-    assert r2.locations == {"c": 0, "a": 2}
-    assert r2.tables.persistent_row(0, 0)[:3] == [8, 9, 11]  # stale tail of preempted "a"
+    assert r2.locations == {"c": 3, "a": 1}
+    assert r2.tables.persistent_row(0, 3)[:3] == [8, 9, 11]  # stale tail of preempted "a"
     assert r1.tables[0].row(1) == [8, 0, 0, 0, 0, 0, 0, 0]
 
 
