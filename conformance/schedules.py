@@ -45,13 +45,17 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
 
     if count <= 0:
         return SchedulePlan(skipped="no schedules asked for (--schedules 0)", seed=seed)
-    derivations = {}
+    derivations, why_not = {}, set()
     for runner in ("mrv1", "mrv2"):
-        derivation, _, _ = reference_prediction(case, runner)
+        derivation, refusal, early = reference_prediction(case, runner)
         if derivation is not None:
             derivations[runner] = derivation
+        elif refusal is not None:
+            why_not.add("the reference predicts vLLM refuses the case")
+        elif early is not None:
+            why_not.add(f"the reference does not model the case ({early.detail[:120]})")
     if not derivations:
-        return SchedulePlan(skipped="the reference predicts vLLM refuses the case (or does not model it)", seed=seed)
+        return SchedulePlan(skipped="; ".join(sorted(why_not)), seed=seed)
     first = next(iter(derivations.values()))
     groups = case_groups(first)
     if isinstance(groups, str):

@@ -240,9 +240,13 @@ def case_scenarios(case_name: str, groups: list[dict[str, Any]], *, max_model_le
     import zlib
 
     base = zlib.crc32(case_name.encode()) ^ seed
+    # A Mamba group keeps one state block per request (mamba_cache_mode "none"), which
+    # covers the positions below its block size: requests stay within it (vLLM sizes
+    # that block to max_model_len itself; a case may set a smaller one).
+    longest = min([max_model_len] + [g["block_size"] for g in groups if g["kind"] == "mamba"])
     return [
         make_scenario(f"{case_name}#s{seed}.{i}", (base + 7919 * i) % 2**31, groups, dcp=(dcp_world, 0, 1),
-                      max_model_len=max_model_len, num_steps=CASE_SCHEDULE_STEPS)
+                      max_model_len=longest, num_steps=CASE_SCHEDULE_STEPS)
         for i in range(count)
     ]
 
