@@ -318,6 +318,17 @@ def _md_inline(text: str) -> str:
     return f"{ticks}{pad}{text}{pad}{ticks}"
 
 
+def _schedules_line(report: Mapping[str, Any]) -> list[str]:
+    """One bullet: request schedules through each runner's own block tables (absent in older reports)."""
+    sched = report.get("schedules")
+    if not isinstance(sched, Mapping):
+        return []
+    ran = sched.get("run") or {}
+    runs = ", ".join(f"{runner.upper()} {n}" for runner, n in sorted(ran.items())) or "none"
+    return [f"- **request schedules** through each runner's own block tables ({sched.get('per_case')} per case, "
+            f"seed {sched.get('seed')}): {_md_cell(runs)}"]
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     """Environment and counts, the backend x check matrix, then every divergence with its config and replay."""
     lines = ["# kvconform conformance report", ""]
@@ -331,6 +342,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         f"- **environment**: {_md_cell(_environment_line(report))}",
         f"- **cases**: {len(report['results'])}; **runner outcomes**: {_counts_line(report)}",
         f"- **duration**: {report.get('duration_s')} s",
+        *_schedules_line(report),
         f"- **expectations** ({_md_cell(exp.get('file') or 'none')}): "
         + (
             "not classified yet"
