@@ -34,8 +34,10 @@ def _mamba(block_size: int) -> dict[str, Any]:
 class _Schedule:
     """Simulates a scheduler + InputBatch to emit a dense, valid schedule for both runners.
 
-    New requests take the lowest free row; finished/preempted rows are condensed with
-    ``move`` (last live row into the hole, as ``InputBatch.condense``); a step's batch is
+    As MRv1's ``_update_states`` orders a step: finished/preempted requests leave, new
+    ones take the lowest free rows (``InputBatch.add_request``), then the holes left are
+    condensed with ``move`` (last live row into the lowest hole, as
+    ``InputBatch.condense``) and rows may be swapped (``swap_states``); a step's batch is
     rows ``0..n-1`` in order; blocks cover every scheduled token of every group.
     """
 
@@ -114,7 +116,6 @@ class _Schedule:
                 self._leave(ops, req, "remove")
             elif "preempt" in self.features and rng.random() < 0.2:
                 self._leave(ops, req, "preempt")
-        self._condense(ops)
         chunks: dict[str, int] = {}
         budget = self.budget
         live = self._live()
@@ -139,6 +140,9 @@ class _Schedule:
                 ids = [self._new_ids(g, max(n, 0)) for g, n in enumerate(need)]
                 self.nblocks[req] = [a + len(b) for a, b in zip(self.nblocks[req], ids)]
                 ops.append(["append", req, ids])
+        # MRv1's _update_states: removals, appends, adds into the lowest free rows, then
+        # InputBatch.condense moves the last live rows into the holes left.
+        self._condense(ops)
         live = self._live()
         if "swap" in self.features and len(live) >= 2 and rng.random() < 0.6:
             a, b = rng.sample(range(len(live)), 2)  # InputBatch reorder: swap_states

