@@ -204,7 +204,24 @@ def _run_cases(args: argparse.Namespace) -> list:
         cases = [c for c in cases if wanted & {layer.backend for layer in c.layers}]
     if not cases:
         raise NothingRan(f"no case matches the filters (backend {args.backend}, model {args.model}, case {args.case})")
+    _reject_invalid(cases)
     return cases
+
+
+def _reject_invalid(cases: Sequence[Any]) -> None:
+    """An invalid case fails the whole run before any case runs (a typo in one case file
+    must not turn a CI job green): the reference's ConfigError names the value."""
+    from reference.derive import derive
+    from reference.errors import ConfigError, ReferenceError_
+
+    for case in cases:
+        for runner in ("mrv1", "mrv2"):
+            try:
+                derive(case, runner)
+            except ConfigError as exc:
+                raise UsageError(f"case {case.name!r} is invalid: {exc}") from None
+            except ReferenceError_:
+                pass  # a predicted refusal or an unmodeled case is a verdict, not bad input
 
 
 def _case_schedules(args: argparse.Namespace) -> int:

@@ -562,9 +562,11 @@ def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | N
 def convert(report_path: str | Path, *, junit: str | None = None, markdown: str | None = None, html: str | None = None) -> int:
     """``kvconform report REPORT [--junit F] [--markdown F] [--html F]``; '-' writes to stdout.
 
-    0: written (or, with no output requested, the report is valid); 4: the report is
-    missing, malformed or invalid, or an output cannot be written (one line on stderr).
-    A divergence in the report does not change the exit code: ``kvconform run`` judged it.
+    0: written (or, with no output requested, the report is valid) and the report holds
+    no unexpected divergence; 1: it holds unexpected divergences (counted from the
+    divergences themselves, not from the report's own counts; written outputs are still
+    written); 4: the report is missing, malformed or invalid, or an output cannot be
+    written (one line on stderr).
     """
     report, problem = load_report(report_path)
     if report is None:
@@ -581,9 +583,25 @@ def convert(report_path: str | Path, *, junit: str | None = None, markdown: str 
             Path(target).write_text(text, encoding="utf-8")
         except OSError as exc:
             return _fail(f"cannot write {target}: {exc.strerror or exc}")
+    unexpected = unexpected_divergences(report)
+    to_stdout = any(target == "-" for target, _ in outputs)
     if not outputs:
         state = "complete" if report.get("complete") else "INCOMPLETE"
-        print(f"{report_path}: valid {SCHEMA_ID} report ({state}), {len(report['results'])} case(s): {_counts_line(report)}")
-    elif not report.get("complete") and any(target != "-" for target, _ in outputs):
-        print(f"kvconform: note: {report_path} is an incomplete report (the run did not finish)", file=sys.stderr)
-    return EXIT_OK
+        print(f"{report_path}: valid {SCHEMA_ID} report ({state}), {len(report['results'])} case(s): {_counts_line(report)}; "
+              f"{unexpected} unexpected divergence(s)")
+    else:
+        if not report.get("complete") and not to_stdout:
+            print(f"kvconform: note: {report_path} is an incomplete report (the run did not finish)", file=sys.stderr)
+        if unexpected:
+            print(f"kvconform: {report_path} holds {unexpected} unexpected divergence(s)", file=sys.stderr)
+    return 1 if unexpected else EXIT_OK
+
+
+def unexpected_divergences(report: Mapping[str, Any]) -> int:
+    """Divergences no expectation absorbed, over every runner and the MRv1/MRv2 comparison."""
+    count = 0
+    for result in report.get("results", []):
+        for runner in (result.get("runners") or {}).values():
+            count += sum(1 for d in runner.get("divergences", []) if not d.get("expected_by"))
+        count += sum(1 for d in result.get("mrv1_mrv2_mismatches", []) if not d.get("expected_by"))
+    return count

@@ -396,7 +396,9 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     # Grouping may rescale block sizes; the per-layer specs that matter from here on are
     # the grouped ones.
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
-    _check_decode_context_parallel_backends(case, backends)
+    if runner == "mrv1":
+        # MRv1 checks DCP support in initialize_attn_backend, before any builder exists.
+        _check_decode_context_parallel_backends(case, backends)
     kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends)
     views: dict[str, TensorView] = {}
     geometry: dict[str, tuple] = {}
@@ -413,6 +415,11 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     # (speculator.set_attn -> init_attn_backend(active_layer_names=drafts)).
     draft_kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends, only=drafts) if runner == "mrv2" and drafts else None
     builder_sizes = _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views, draft_kernel_sizes)
+    if runner == "mrv2":
+        # MRv2's initialize_kv_cache checks it after init_attn_backend built the metadata
+        # builders (gpu/model_runner.py: check_attention_cp_compatibility follows it), so
+        # a builder's refusal comes first there.
+        _check_decode_context_parallel_backends(case, backends)
     prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
     cache_block_size = min(prefix_cacheable)
     grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}

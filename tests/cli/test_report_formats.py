@@ -312,13 +312,34 @@ def test_incomplete_report_converts_and_says_so(tmp_path: Path, capsys: pytest.C
     src = tmp_path / "partial.json"
     src.write_text(json.dumps(synthetic(complete=False)))
     out = {k: tmp_path / f"out.{k}" for k in ("xml", "md", "html")}
-    assert rf.convert(src, junit=str(out["xml"]), markdown=str(out["md"]), html=str(out["html"])) == 0
-    assert "incomplete" in capsys.readouterr().err
+    # Written, and exit 1: the synthetic report holds divergences no expectation absorbed.
+    assert rf.convert(src, junit=str(out["xml"]), markdown=str(out["md"]), html=str(out["html"])) == 1
+    err = capsys.readouterr().err
+    assert "incomplete" in err and "holds 2 unexpected divergence(s)" in err
     assert "INCOMPLETE" in out["md"].read_text() and "not classified yet" in out["md"].read_text()
     assert "INCOMPLETE" in out["html"].read_text()
     root = ET.fromstring(out["xml"].read_text())
     assert "incomplete" in root.get("name")
     assert root.find("testsuite/properties/property[@name='kvconform.complete']").get("value") == "false"
+
+
+def test_a_report_with_unexpected_divergences_exits_1_whatever_its_counts_say(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    report = synthetic(complete=True)
+    report["counts"] = {"pass": 4}  # a report's own counts are not trusted
+    src = tmp_path / "r.json"
+    src.write_text(json.dumps(report))
+    assert rf.convert(src) == 1
+    assert "2 unexpected divergence(s)" in capsys.readouterr().out
+    for result in report["results"]:  # every divergence absorbed: conformant
+        for runner in result["runners"].values():
+            for d in runner["divergences"]:
+                d["expected_by"] = "some-entry"
+        for d in result["mrv1_mrv2_mismatches"]:
+            d["expected_by"] = "some-entry"
+    src.write_text(json.dumps(report))
+    assert rf.convert(src) == 0
+    assert "0 unexpected divergence(s)" in capsys.readouterr().out
 
 
 def test_convert_committed_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,45 @@
+"""Bad input at the CLI's boundary: one line naming the value and what was expected, exit 4,
+before anything runs (a table, one row per input; run as a user would, in a subprocess)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from test_cli import kvconform
+
+TYPO_CASE = {"name": "typo", "block_size": 16, "num_blocks": 4,
+             "layers": [{"name": "model.layers.0.self_attn.attn", "backend": "FOO", "num_kv_heads": 8, "head_size": 128}]}
+BAD_WINDOW = {"name": "bad-window", "block_size": 16, "num_blocks": 4,
+              "layers": [{"name": "model.layers.0.self_attn.attn", "kind": "sliding_window", "sliding_window": 0}]}
+
+
+def _file(tmp_path: Path, content: object) -> str:
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(content))
+    return str(path)
+
+
+ROWS = [
+    # (id, args (CASE: a case file with `case`), the words the one line must hold)
+    ("invalid-case-beside-a-good-one", ["run", "--case", "flashinfer-b128-k64", "--case", "CASE"], TYPO_CASE,
+     ["case 'typo' is invalid", "unknown attention backend 'FOO'"]),
+    ("invalid-case-reference-only", ["run", "--reference-only", "--case", "CASE"], TYPO_CASE, ["'FOO'"]),
+    ("schedules-negative", ["run", "--schedules", "-1"], None, ["'-1' is not a number of schedules per case from 0 to 100"]),
+    ("schedules-not-a-number", ["run", "--schedules", "two"], None, ["'two' is not a number of schedules"]),
+    ("schedules-unbounded", ["run", "--schedules", "1000"], None, ["'1000' is not a number of schedules"]),
+    ("zero-sliding-window", ["run", "--reference-only", "--case", "CASE"], BAD_WINDOW, ["sliding"]),
+]
+
+
+@pytest.mark.parametrize(("args", "case", "words"), [pytest.param(a, c, w, id=i) for i, a, c, w in ROWS])
+def test_bad_input_is_one_line_and_exit_4(tmp_path: Path, args: list[str], case: object, words: list[str]) -> None:
+    args = [_file(tmp_path, case) if a == "CASE" else a for a in args]
+    out = kvconform(*args)
+    assert out.returncode == 4, (out.returncode, out.stdout[-1500:], out.stderr[-1500:])
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert " pass" not in out.stdout  # nothing ran before the refusal
