@@ -19,6 +19,13 @@ from suites.profiles import PROJECT_SEED
 EXIT_OK, EXIT_DIVERGENCE, EXIT_INTERRUPTED, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOTHING_RAN = range(6)
 
 
+def threading_main() -> bool:
+    """Signal handlers can only be installed from the main thread."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 class UsageError(Exception):
     """Bad input from the user: exit 4 with the message."""
 
@@ -244,9 +251,24 @@ def _schedule_count(text: str) -> int:
     return value
 
 
+def _check_writable(target: str | None, what: str = "--json") -> None:
+    """An output path that cannot be written is a usage error before any work starts."""
+    if not target or target == "-":
+        return
+    path = Path(target)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise UsageError(f"{what} {target!r} is a directory; expected a file path")
+    if not parent.is_dir():
+        raise UsageError(f"{what} {target!r}: directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{what} {target!r} is not writable")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from conformance.summary import reference_outcome, runner_differences
 
+    _check_writable(args.json)
     if args.engine:
         return _cmd_run_engine(args)
     cases = _run_cases(args)
@@ -317,6 +339,7 @@ def divergent_cases(report: Any, source: str) -> list:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
+    _check_writable(args.json)
     path = Path(args.report)
     if not path.is_file():
         raise UsageError(f"report {args.report!r} does not exist")
@@ -462,7 +485,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    import signal
+
+    # SIGTERM (a CI job cancelled, a container stopped) ends a run like Ctrl-C: exit 2
+    # with the report written as far as it got ("complete": false).
+    if threading_main():
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

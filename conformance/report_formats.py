@@ -535,8 +535,12 @@ def write_report_atomically(path: str | Path, payload: Mapping[str, Any]) -> Non
     path = Path(path)
     # The temporary name keeps the .gz suffix last: *.json.gz.tmp would not be gzipped.
     tmp = path.with_name(".tmp-" + path.name) if path.suffix == ".gz" else path.with_name(path.name + ".tmp")
-    write_report_text(tmp, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    tmp.replace(path)
+    try:
+        write_report_text(tmp, json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+        tmp.replace(path)
+    finally:  # an interrupted or failed write leaves no temporary file behind
+        if tmp.exists():
+            tmp.unlink()
 
 
 def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | None]:

@@ -18,6 +18,8 @@ from reference.backends import VLLM_VERSION
 from reference.config import CaseConfig
 
 RUNNERS = ("mrv1", "mrv2")
+REWRITE_EVERY_S = 5.0
+"""How often a running ``kvconform run --json FILE`` rewrites its (incomplete) report."""
 
 
 def replay_command(case: CaseConfig, seed: int | None = None, schedules: int | None = None) -> str:
@@ -137,65 +139,83 @@ def run_against_vllm(
     bar = _ProgressBar(len(cases), enabled=not quiet)
     say = bar.print
     schedule_runs: dict[str, int] = {}
-    for case, plan, observations in _observations(cases, workers, bar, seed, schedules):
-        comparisons = [compare(case, runner, observations[runner], plan) for runner in RUNNERS]
-        diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
-        facts[case.name] = case_facts(case, observations.values())
-        mine = [*(d for c in comparisons for d in c.divergences), *diffs]
-        everything += mine
-        # Matching is per divergence (first entry wins), so one case can be classified
-        # on its own and written out before the next starts.
-        case_verdict = classify(mine, Environment(env["vllm"], {case.name: facts[case.name]}), expectations)
+    to_file = bool(json_target) and json_target != "-"
+    last_write = [time.monotonic()]
 
-        def expected_by(d: Divergence) -> str | None:
-            entry = case_verdict.expectation_for(d)
-            return None if entry is None else entry.id
-
-        runners = {}
-        row = matrix.setdefault(_primary_backend(case), {})
-        for c in comparisons:
-            status = c.status
-            if status == "fail" and all(expected_by(d) for d in c.divergences):
-                status = "expected"  # every divergence is a known one
-            counts[status] = counts.get(status, 0) + 1
-            cell = row.setdefault(c.runner, {})
-            cell[status] = cell.get(status, 0) + 1
-            observation = observations[c.runner]
-            fidelity = None if getattr(observation, "unsupported", None) else getattr(observation, "fidelity", None)
-            if not getattr(observation, "unsupported", None):
-                # None: vLLM refused while the model's layers were built, before any runner code.
-                how = fidelity or "before_runner"
-                fidelities[(c.runner, how)] = fidelities.get((c.runner, how), 0) + 1
-            ran = schedule_summary(plan, observation)
-            schedule_runs[c.runner] = schedule_runs.get(c.runner, 0) + ran["run"]
-            runners[c.runner] = {
-                "status": status,
-                "detail": c.detail,
-                "fidelity": fidelity,
-                "fidelity_reason": getattr(observation, "fidelity_reason", None),
-                "schedules": ran,
-                "divergences": [d.__dict__ | {"message": d.message, "expected_by": expected_by(d)} for d in c.divergences],
-            }
-        result = {
-            "case": case.name,
-            "config": case.to_dict(),
-            "replay": replay_command(case, seed, schedules),
-            "runners": runners,
-            "mrv1_mrv2_mismatches": [
-                {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
-                for d in diffs
-            ],
-        }
-        same = pair_status(result)
-        cell = row.setdefault("mrv1=mrv2", {})
-        cell[same] = cell.get(same, 0) + 1
-        results.append(result)
-        if json_target and json_target != "-":
+    def save_partial(force: bool = False) -> None:
+        # At most every REWRITE_EVERY_S: writing the whole report after every case
+        # would cost quadratic time in the number of cases.
+        if to_file and (force or time.monotonic() - last_write[0] >= REWRITE_EVERY_S):
             write_report_atomically(Path(json_target), report(complete=False))
-        if not quiet:
-            statuses = " ".join(f"{runner}:{r['status']}" for runner, r in runners.items())
-            known = ", expected" if diffs and same == "expected" else ""
-            say(f"  {case.name:34} {statuses}" + (f"  MRv1/MRv2 differ ({len(diffs)}{known})" if diffs else ""))
+            last_write[0] = time.monotonic()
+
+    save_partial(force=True)  # the report exists (incomplete) from the start of the run
+
+    def compare_all() -> None:
+        for case, plan, observations in _observations(cases, workers, bar, seed, schedules):
+            comparisons = [compare(case, runner, observations[runner], plan) for runner in RUNNERS]
+            diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
+            facts[case.name] = case_facts(case, observations.values())
+            mine = [*(d for c in comparisons for d in c.divergences), *diffs]
+            everything.extend(mine)
+            # Matching is per divergence (first entry wins), so one case can be classified
+            # on its own and written out before the next starts.
+            case_verdict = classify(mine, Environment(env["vllm"], {case.name: facts[case.name]}), expectations)
+
+            def expected_by(d: Divergence) -> str | None:
+                entry = case_verdict.expectation_for(d)
+                return None if entry is None else entry.id
+
+            runners = {}
+            row = matrix.setdefault(_primary_backend(case), {})
+            for c in comparisons:
+                status = c.status
+                if status == "fail" and all(expected_by(d) for d in c.divergences):
+                    status = "expected"  # every divergence is a known one
+                counts[status] = counts.get(status, 0) + 1
+                cell = row.setdefault(c.runner, {})
+                cell[status] = cell.get(status, 0) + 1
+                observation = observations[c.runner]
+                fidelity = None if getattr(observation, "unsupported", None) else getattr(observation, "fidelity", None)
+                if not getattr(observation, "unsupported", None):
+                    # None: vLLM refused while the model's layers were built, before any runner code.
+                    how = fidelity or "before_runner"
+                    fidelities[(c.runner, how)] = fidelities.get((c.runner, how), 0) + 1
+                ran = schedule_summary(plan, observation)
+                schedule_runs[c.runner] = schedule_runs.get(c.runner, 0) + ran["run"]
+                runners[c.runner] = {
+                    "status": status,
+                    "detail": c.detail,
+                    "fidelity": fidelity,
+                    "fidelity_reason": getattr(observation, "fidelity_reason", None),
+                    "schedules": ran,
+                    "divergences": [d.__dict__ | {"message": d.message, "expected_by": expected_by(d)} for d in c.divergences],
+                }
+            result = {
+                "case": case.name,
+                "config": case.to_dict(),
+                "replay": replay_command(case, seed, schedules),
+                "runners": runners,
+                "mrv1_mrv2_mismatches": [
+                    {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
+                    for d in diffs
+                ],
+            }
+            same = pair_status(result)
+            cell = row.setdefault("mrv1=mrv2", {})
+            cell[same] = cell.get(same, 0) + 1
+            results.append(result)
+            save_partial()
+            if not quiet:
+                statuses = " ".join(f"{runner}:{r['status']}" for runner, r in runners.items())
+                known = ", expected" if diffs and same == "expected" else ""
+                say(f"  {case.name:34} {statuses}" + (f"  MRv1/MRv2 differ ({len(diffs)}{known})" if diffs else ""))
+    try:
+        compare_all()
+    except KeyboardInterrupt:  # SIGINT, or SIGTERM (the CLI turns it into one)
+        bar.close()
+        save_partial(force=True)
+        raise
     bar.close()
     verdict = classify(everything, Environment(env["vllm"], facts), expectations)
     final = report(complete=True, verdict=verdict)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -74,7 +76,17 @@ def test_run_classifies_with_expectations(tmp_path: Path) -> None:
     assert out.returncode == 1 and "MRv1/MRv2 MISMATCH" in out.stdout
 
 
-def test_a_killed_run_leaves_a_valid_partial_report(tmp_path: Path) -> None:
+def _results_so_far(target: Path) -> int:
+    try:
+        return len(json.loads(target.read_text())["results"])
+    except (OSError, ValueError, KeyError):
+        return -1
+
+
+@pytest.mark.parametrize("signame", ["SIGKILL", "SIGTERM", "SIGINT"])
+def test_an_interrupted_run_leaves_a_valid_partial_report(tmp_path: Path, signame: str) -> None:
+    """The report exists (incomplete) from the start and is replaced atomically; SIGTERM and
+    SIGINT end the run with exit 2 after writing what it got; no temporary file remains."""
     import signal
     import time
 
@@ -87,18 +99,24 @@ def test_a_killed_run_leaves_a_valid_partial_report(tmp_path: Path) -> None:
     )
     try:
         deadline = time.time() + 240
-        while time.time() < deadline and not target.exists():
+        while time.time() < deadline and _results_so_far(target) < 0:
             time.sleep(0.05)
-        assert target.exists(), "no report was written before the deadline"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        assert _results_so_far(target) == 0, "the report should exist, empty, before the first case"
+        while time.time() < deadline and _results_so_far(target) < 1:
+            time.sleep(0.05)
+        assert _results_so_far(target) >= 1, "no case reached the report before the deadline"
+        proc.send_signal(getattr(signal, signame))
+        code = proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     report = json.loads(target.read_text())  # written atomically: always valid JSON
     assert report["complete"] is False
-    assert 1 <= len(report["results"]) < 29
+    assert 1 <= len(report["results"]) < 37
     assert report["results"][0]["runners"]["mrv1"]["status"] == "pass"
+    if signame != "SIGKILL":
+        assert code == 2
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
 def test_replay_reruns_the_divergent_case(tmp_path: Path) -> None:
