@@ -18,6 +18,8 @@ from reference.backends import VLLM_VERSION
 from reference.config import CaseConfig
 
 RUNNERS = ("mrv1", "mrv2")
+KEEP_LOGS = 20
+"""vLLM logs of past runs kept in ~/.cache/kvconform/logs."""
 REWRITE_EVERY_S = 5.0
 """How often a running ``kvconform run --json FILE`` rewrites its (incomplete) report."""
 
@@ -72,9 +74,69 @@ def _gpu_name() -> str:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown (nvidia-smi failed)"
 
 
-def run_against_vllm(
+def vllm_log_path() -> Path:
+    """Where a run's vLLM and torch output goes (``KVCONFORM_VLLM_LOG`` overrides)."""
+    import os
+
+    chosen = os.environ.get("KVCONFORM_VLLM_LOG")
+    if chosen:
+        return Path(chosen)
+    folder = Path(os.path.expanduser("~/.cache/kvconform/logs"))
+    try:  # keep the newest KEEP_LOGS - 1 runs' logs beside this one
+        for old in sorted(folder.glob("run-*.log"))[: -(KEEP_LOGS - 1)]:
+            old.unlink()
+    except OSError:
+        pass
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return folder / f"run-{stamp}-{os.getpid()}.log"
+
+
+class _StderrToFile:
+    """Sends this process's stderr file descriptor (and so its worker processes') to a
+    file: vLLM's and torch's warnings, C++ messages and Python warnings alike. kvconform's
+    own lines are on stdout."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __enter__(self) -> "_StderrToFile":
+        import os
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stderr.flush()
+        self._saved = os.dup(2)
+        self._file = open(self.path, "ab", buffering=0)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import os
+
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        self._file.close()
+
+
+def run_against_vllm(cases: Sequence[CaseConfig], **options: Any) -> int:
+    """``_run_against_vllm`` with vLLM's and torch's output in a log file named in the
+    report (``environment.vllm_log``) and in the run's last line, not on the terminal."""
+    log = vllm_log_path()
+    try:
+        redirect = _StderrToFile(log)
+        redirect.__enter__()
+    except OSError:
+        return _run_against_vllm(cases, vllm_log=None, **options)  # an unwritable log: keep stderr
+    try:
+        return _run_against_vllm(cases, vllm_log=str(log), **options)
+    finally:
+        redirect.__exit__(None, None, None)
+
+
+def _run_against_vllm(
     cases: Sequence[CaseConfig],
     *,
+    vllm_log: str | None = None,
     json_target: str | None,
     quiet: bool,
     expectations: Sequence[Expectation] = (),
@@ -107,6 +169,7 @@ def run_against_vllm(
     started = time.time()
     env = _environment()
     env["cases"] = selection  # profile, seed and filters: enough to rerun the same selection
+    env["vllm_log"] = vllm_log
     if not quiet:
         print(f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, {len(cases)} cases x {len(RUNNERS)} runners")
     everything: list[Divergence] = []
@@ -230,6 +293,8 @@ def run_against_vllm(
         if schedules:
             runs = ", ".join(f"{runner.upper()} {n}" for runner, n in sorted(schedule_runs.items()))
             print(f"kvconform: request schedules through the runners' own block tables (seed {seed}): {runs or 'none'}")
+        if vllm_log:
+            print(f"kvconform: vLLM's and torch's own output: {vllm_log}")
     if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) == 0:
         if not quiet:
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
