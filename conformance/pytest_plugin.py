@@ -102,6 +102,8 @@ _CASE = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("kvconform_hypothesis", type="bool", default=False,
+                  help="load kvconform's hypothesis profile for the whole session (kvconform's own suite)")
     group = parser.getgroup("kvconform", "kvconform conformance harness")
     group.addoption(
         "--kvconform-seed",
@@ -168,6 +170,18 @@ def _resolve(config: pytest.Config) -> Settings:
     )
 
 
+def _hypothesis_asked(config: pytest.Config) -> bool:
+    """kvconform's hypothesis profile is loaded only when asked: the ini flag
+    ``kvconform_hypothesis = true`` (kvconform's own suite sets it), a ``--kvconform-*``
+    option, or ``KVCONFORM_PROFILE``/``KVCONFORM_SEED`` in the environment."""
+    if config.getini("kvconform_hypothesis"):
+        return True
+    options = ("--kvconform-profile", "--kvconform-seed", "--kvconform-examples")
+    if any(config.getoption(o, None) is not None for o in options):
+        return True
+    return bool(os.environ.get("KVCONFORM_PROFILE") or os.environ.get("KVCONFORM_SEED"))
+
+
 def _load_hypothesis_profile(config: pytest.Config, s: Settings) -> str | None:
     """Register kvconform-{ci,thorough,gpu} and load ours explicitly (CI=true changes nothing)."""
     try:
@@ -191,6 +205,8 @@ def _load_hypothesis_profile(config: pytest.Config, s: Settings) -> str | None:
     config.stash[_RESTORE] = (previous, core.global_force_seed)
     if config.getoption("--hypothesis-profile", None):
         return None  # the user chose a hypothesis profile explicitly: theirs wins
+    if not _hypothesis_asked(config):
+        return None  # another project's hypothesis settings stay its own
     name = f"kvconform-{s.profile}"
     extra: dict[str, Any] = {}
     if s.examples_given:
@@ -209,8 +225,8 @@ def _load_hypothesis_profile(config: pytest.Config, s: Settings) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped with a reason on CPU")
-    config.addinivalue_line("markers", "vllm: needs the vllm package importable")
+    config.addinivalue_line("markers", "kvconform_gpu: needs a CUDA GPU; skipped with a reason on CPU")
+    config.addinivalue_line("markers", "kvconform_vllm: needs the vllm package importable; skipped with a reason otherwise")
     config.addinivalue_line(
         "markers", "kvconform_sample(count=None, **limits): cases for this test's kv_case (default --kvconform-examples)"
     )
@@ -334,8 +350,8 @@ def _has_gpu() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if run_settings(config).profile == "gpu":
-        keep = [item for item in items if "gpu" in item.keywords]
-        dropped = [item for item in items if "gpu" not in item.keywords]
+        keep = [item for item in items if item.get_closest_marker("kvconform_gpu")]
+        dropped = [item for item in items if not item.get_closest_marker("kvconform_gpu")]
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = keep
@@ -344,9 +360,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     has_gpu = _has_gpu()
     has_vllm = _installed("vllm")
     for item in items:
-        if "gpu" in item.keywords and not has_gpu:
+        # Only kvconform's own (namespaced) markers: another project's `gpu` or `vllm`
+        # marker means what that project says.
+        if not has_gpu and item.get_closest_marker("kvconform_gpu"):
             item.add_marker(no_gpu)
-        if "vllm" in item.keywords and not has_vllm:
+        if not has_vllm and item.get_closest_marker("kvconform_vllm"):
             item.add_marker(no_vllm)
 
 
@@ -561,6 +579,7 @@ def check_conforms(
     nodeid: str | None = None,
 ) -> Any:
     """``assert_conforms`` without a pytest request (see the fixture)."""
+    __tracebackhide__ = True  # a failure shows the caller's line and the diff, not this helper
     from conformance.diff import compare
 
     case = _as_case(case)
@@ -597,6 +616,7 @@ def check_runners_agree(
     """MRv1 and MRv2 observations of ``case`` build the same layout, except for divergences
     ``conformance/expectations.toml`` declares; AssertionError (with the config and a replay
     command) otherwise. Returns the expected mismatches."""
+    __tracebackhide__ = True
     from conformance.diff import compare_runners
     from conformance.expectations import Environment, case_facts, classify
 
@@ -624,6 +644,7 @@ def assert_conforms(request: pytest.FixtureRequest) -> Callable[..., Any]:
     s = run_settings(request.config)
 
     def _assert(case: Any, observation_or_runner: Any = "mrv1", *, runner: str | None = None) -> Any:
+        __tracebackhide__ = True
         case = _as_case(case)
         _record(request, case)
         return check_conforms(

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 pytestmark = [
-    pytest.mark.vllm,
+    pytest.mark.kvconform_vllm,
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (validate_registration builds CPU tensors)"),
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vllm 0.33.0 importable (pip install 'kvconform[vllm]')"),
 ]

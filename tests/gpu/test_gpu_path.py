@@ -23,7 +23,7 @@ from gpu_impl.cuda.scenarios import SMALLEST
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.kvconform_gpu
 
 
 @pytest.fixture(scope="module")

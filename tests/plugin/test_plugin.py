@@ -50,7 +50,12 @@ def test_options_are_registered_and_shown_in_the_header(pytester: pytest.Pyteste
         assert option in help_text
 
 
+OPT_IN = "[pytest]\nkvconform_hypothesis = true\n"
+"""The ini flag kvconform's own suite sets (pyproject.toml) to load its hypothesis profile."""
+
+
 def test_defaults_are_the_project_seed_and_the_ci_profile(pytester: pytest.Pytester) -> None:
+    pytester.makeini(OPT_IN)
     pytester.makepyfile(SAMPLED)
     result = pytester.runpytest()
     result.assert_outcomes(passed=4)
@@ -267,6 +272,7 @@ def _hypothesis_run(pytester: pytest.Pytester, *args: str) -> str:
 
 def test_ci_env_does_not_change_hypothesis(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("hypothesis")
+    pytester.makeini(OPT_IN)
     pytester.makepyfile(HYPOTHESIS)
     local = _hypothesis_run(pytester)
     monkeypatch.setenv("CI", "true")
@@ -275,12 +281,43 @@ def test_ci_env_does_not_change_hypothesis(pytester: pytest.Pytester, monkeypatc
     assert _hypothesis_run(pytester, "--kvconform-examples", "7") == "COUNT=7 PROFILE=kvconform-ci-n7 DERANDOMIZE=True"
 
 
+def test_another_projects_markers_and_hypothesis_settings_stay_its_own(pytester: pytest.Pytester) -> None:
+    """Installed beside another project, kvconform touches neither its `gpu`/`vllm`
+    markers nor its hypothesis profile (nothing asked for kvconform's)."""
+    pytest.importorskip("hypothesis")
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: theirs\n    vllm: theirs\n")
+    pytester.makepyfile(
+        """
+        import pytest
+        from hypothesis import settings
+
+        settings.register_profile("theirs", max_examples=3)
+        settings.load_profile("theirs")
+
+        @pytest.mark.gpu
+        def test_their_gpu_test():
+            pass
+
+        @pytest.mark.vllm
+        def test_their_vllm_test():
+            pass
+
+        def test_their_profile():
+            assert settings.get_current_profile_name() == "theirs"
+            assert settings().max_examples == 3
+        """
+    )
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*hypothesis: not loaded by kvconform*"])
+
+
 def test_gpu_profile_keeps_only_gpu_tests(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         import pytest
 
-        @pytest.mark.gpu
+        @pytest.mark.kvconform_gpu
         def test_on_gpu():
             pass
 
@@ -306,3 +343,20 @@ def test_coverage_counts_parallel_sizes() -> None:
     assert cov.parallel == {"tp8/dcp4": 1, "tp4/dcp2": 1, "tp1/dcp1": 1}
     assert cov.table()[-1] == "parallel (runs per TP/DCP): tp1/dcp1 1, tp4/dcp2 1, tp8/dcp4 1"
     assert from_data([cov.to_data(), cov.to_data()]).parallel == {"tp8/dcp4": 2, "tp4/dcp2": 2, "tp1/dcp1": 2}
+
+
+def test_a_failing_assert_conforms_shows_the_diff_not_the_plugin(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        from types import SimpleNamespace
+
+        def test_refused_for_another_reason(assert_conforms):
+            observed = SimpleNamespace(error="ValueError: totally unrelated failure", unsupported=None)
+            assert_conforms("flashinfer-b128-k64-lhbnc", observed, runner="mrv1")
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    assert "startup_error: error reason" in text and "replay:" in text
+    assert "def check_conforms" not in text and "def _assert" not in text  # __tracebackhide__

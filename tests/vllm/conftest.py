@@ -50,4 +50,4 @@ def pytest_report_header(config):
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "/tests/vllm/" in str(item.path).replace("\\", "/"):
-            item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.kvconform_vllm)

@@ -16,7 +16,7 @@ from conformance.diff import compare, compare_runners, kinds_of
 from gpu_impl.vllm_cpu.planning import observe
 from suites.named_cases import CASES
 
-pytestmark = pytest.mark.vllm
+pytestmark = pytest.mark.kvconform_vllm
 
 
 def _run(case_name: str):

@@ -27,7 +27,7 @@ from gpu_impl.vllm_cpu.runner_tables import schedule_support
 from suites.named_cases import CASES
 from suites.profiles import PROJECT_SEED
 
-pytestmark = pytest.mark.vllm
+pytestmark = pytest.mark.kvconform_vllm
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEDULES = 2
