@@ -615,7 +615,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv[:1] == ["--serve"]:
             return _serve(out)
         text = argv[0] if argv else sys.stdin.read()
-        payload = json.loads(text)
+        try:
+            payload = json.loads(text)
+        except json.JSONDecodeError as exc:  # bad input: one line, exit 4
+            print(f"block_tables: error: not JSON: {exc}", file=sys.stderr)
+            return 4
         replies = [_answer(s) for s in payload] if isinstance(payload, list) else _answer(payload)
         out.write(json.dumps(replies, indent=1) + "\n")
         answers = replies if isinstance(replies, list) else [replies]

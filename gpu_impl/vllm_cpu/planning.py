@@ -801,13 +801,20 @@ def main(argv: list[str] | None = None) -> int:
         print(main.__doc__)
         return 2
     from reference.config import CaseConfig
+    from reference.errors import ConfigError
 
     text = argv[0]
-    if text.startswith("@"):
-        with open(text[1:], encoding="utf-8") as fh:
-            text = fh.read()
-    case = CaseConfig.from_json(text)
     runner = argv[1] if len(argv) > 1 else "mrv1"
+    try:
+        if text.startswith("@"):
+            with open(text[1:], encoding="utf-8") as fh:
+                text = fh.read()
+        case = CaseConfig.from_json(text)
+        if runner not in ("mrv1", "mrv2"):
+            raise ConfigError(f"runner {runner!r} is not one of mrv1, mrv2")
+    except (ConfigError, ValueError, OSError) as exc:  # bad input: one line, exit 4
+        print(f"planning: error: {exc}".splitlines()[0], file=sys.stderr)
+        return 4
     obs = observe(case, runner)
     print(obs.to_json())
     return 0 if obs.unsupported is None else 1

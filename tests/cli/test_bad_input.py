@@ -43,3 +43,26 @@ def test_bad_input_is_one_line_and_exit_4(tmp_path: Path, args: list[str], case:
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert all(w in lines[0] for w in words), lines[0]
     assert " pass" not in out.stdout  # nothing ran before the refusal
+
+
+MODULE_ROWS = [
+    ("planning-malformed-json", "gpu_impl.vllm_cpu.planning", ['{"name": 1'], "malformed case JSON"),
+    ("planning-unknown-runner", "gpu_impl.vllm_cpu.planning",
+     ['{"name": "x", "layers": [{"name": "a"}]}', "mrv3"], "runner 'mrv3' is not one of mrv1, mrv2"),
+    ("planning-missing-file", "gpu_impl.vllm_cpu.planning", ["@/nonexistent/case.json"], "No such file"),
+    ("block-tables-malformed-json", "gpu_impl.vllm_cpu.block_tables", ["{bad"], "not JSON"),
+]
+
+
+@pytest.mark.parametrize(("module", "args", "words"), [pytest.param(m, a, w, id=i) for i, m, a, w in MODULE_ROWS])
+def test_replay_entry_points_refuse_bad_input_in_one_line(module: str, args: list[str], words: str) -> None:
+    """The `python -m` replay lines printed on failures: bad input is one line and exit 4."""
+    import subprocess
+    import sys
+
+    from test_cli import ROOT
+
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 4, (out.returncode, out.stderr[-1500:])
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr, out.stderr
