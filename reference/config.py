@@ -26,6 +26,39 @@ LAYER_KINDS = (
 CONNECTORS = ("nixl", "mooncake", "offloading", "lmcache")
 RUNNERS = ("mrv1", "mrv2")
 
+MAX_TOKENS = 1 << 24
+"""Upper bound of every token count (block sizes, lengths, windows): 16M tokens, beyond any
+served model, so no command's memory grows with an absurd value."""
+MAX_HEADS = 1 << 12
+MAX_HEAD_SIZE = 1 << 14
+MAX_BLOCKS = 1 << 24
+MAX_BYTES = 1 << 46
+"""64 TiB of KV cache memory."""
+MAX_STATE_ELEMENTS = 1 << 32
+
+
+# --- one validator per kind of value (each error names the value and what was expected) --------
+
+
+def _int(owner: str, name: str, value: Any, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{owner}{name} {value!r} must be an integer from {low} to {high}")
+
+
+def _optional_int(owner: str, name: str, value: Any, low: int, high: int) -> None:
+    if value is not None:
+        _int(owner, name, value, low, high)
+
+
+def _text(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{owner}{name} {value!r} must be a non-empty string")
+
+
+def _flag(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}{name} {value!r} must be true or false")
+
 
 @dataclass(frozen=True)
 class LayerConfig:
@@ -46,6 +79,8 @@ class LayerConfig:
     is_draft: bool = False
 
     def __post_init__(self) -> None:
+        _text("", "layer name", self.name)
+        owner = f"layer {self.name!r}: "
         if self.kind not in LAYER_KINDS:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} is not one of {', '.join(LAYER_KINDS)}")
         if self.cache_dtype not in CACHE_DTYPES:
@@ -54,8 +89,31 @@ class LayerConfig:
             )
         for attr in ("num_kv_heads", "head_size"):
             value = getattr(self, attr)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"layer {self.name!r}: {attr} {value!r} must be a positive integer")
+        _int(owner, "num_kv_heads", self.num_kv_heads, 1, MAX_HEADS)
+        _int(owner, "head_size", self.head_size, 1, MAX_HEAD_SIZE)
+        _optional_int(owner, "head_size_v", self.head_size_v, 1, MAX_HEAD_SIZE)
+        for attr in ("sliding_window", "attention_chunk_size"):
+            _optional_int(owner, attr, getattr(self, attr), 1, MAX_TOKENS)
+        _optional_int(owner, "sink_len", self.sink_len, 0, MAX_TOKENS)
+        _flag(owner, "is_draft", self.is_draft)
+        _text(owner, "backend", self.backend)
+        if not isinstance(self.mamba_shapes, tuple) or not all(
+            isinstance(shape, tuple) and shape and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)
+            for shape in self.mamba_shapes
+        ):
+            raise ConfigError(f"{owner}mamba_shapes {self.mamba_shapes!r} must be lists of positive integers")
+        for shape in self.mamba_shapes:
+            elements = 1
+            for d in shape:
+                elements *= d
+            if elements > MAX_STATE_ELEMENTS:
+                raise ConfigError(f"{owner}mamba shape {list(shape)} has {elements} elements; expected at most {MAX_STATE_ELEMENTS}")
+        if not all(isinstance(d, str) for d in self.mamba_dtypes) or (
+            self.mamba_dtypes and len(self.mamba_dtypes) != len(self.mamba_shapes)
+        ):
+            raise ConfigError(f"{owner}mamba_dtypes {list(self.mamba_dtypes)!r} must be one dtype name per mamba shape")
         if self.kind in ("sliding_window", "sliding_window_mla") and not self.sliding_window:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs sliding_window > 0")
         if self.kind == "chunked_local" and not self.attention_chunk_size:
@@ -100,19 +158,30 @@ class CaseConfig:
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
+        _text("", "case name", self.name)
         if not self.layers:
             raise ConfigError(f"case {self.name!r} has no layers")
         names = [layer.name for layer in self.layers]
         if len(set(names)) != len(names):
             dup = sorted({n for n in names if names.count(n) > 1})
             raise ConfigError(f"case {self.name!r}: duplicate layer names {dup}")
-        if not isinstance(self.block_size, int) or self.block_size <= 0:
+        if not isinstance(self.block_size, int) or isinstance(self.block_size, bool) or self.block_size <= 0:
             raise ConfigError(f"block size {self.block_size!r} must be a positive integer")
+        _int("", "block size", self.block_size, 1, MAX_TOKENS)
+        _int("", "max_model_len", self.max_model_len, 1, MAX_TOKENS)
+        _optional_int("", "mamba_block_size", self.mamba_block_size, 1, MAX_TOKENS)
+        _optional_int("", "kv_cache_memory_bytes", self.kv_cache_memory_bytes, 1, MAX_BYTES)
+        _text("", "vllm_version", self.vllm_version)
+        if not isinstance(self.note, str):
+            raise ConfigError(f"note {self.note!r} must be a string")
         canonical_model_dtype(self.model_dtype)
         if self.num_blocks is None and self.kv_cache_memory_bytes is None:
             raise ConfigError("set num_blocks or kv_cache_memory_bytes (both are None)")
-        if self.num_blocks is not None and (not isinstance(self.num_blocks, int) or self.num_blocks <= 0):
+        if self.num_blocks is not None and (
+            not isinstance(self.num_blocks, int) or isinstance(self.num_blocks, bool) or self.num_blocks <= 0
+        ):
             raise ConfigError(f"num_blocks {self.num_blocks!r} must be a positive integer")
+        _optional_int("", "num_blocks", self.num_blocks, 1, MAX_BLOCKS)
         if self.connector is not None and self.connector not in CONNECTORS:
             raise ConfigError(f"connector {self.connector!r} is not one of {', '.join(CONNECTORS)}")
         from reference.parallel import check_tp_dcp
@@ -154,6 +223,8 @@ class CaseConfig:
         if "name" not in data or "layers" not in data:
             raise ConfigError("a case needs 'name' and 'layers'")
         layer_fields = {f.name for f in fields(LayerConfig)}
+        if not isinstance(data["layers"], (list, tuple)):
+            raise ConfigError(f"layers {data['layers']!r} must be a list of layer objects")
         layers = []
         for i, raw in enumerate(data["layers"]):
             if not isinstance(raw, Mapping):
@@ -163,8 +234,13 @@ class CaseConfig:
                 raise ConfigError(f"layers[{i}]: unknown field(s) {bad}; expected some of {sorted(layer_fields)}")
             raw = dict(raw)
             if "mamba_shapes" in raw:
-                raw["mamba_shapes"] = tuple(tuple(s) for s in raw["mamba_shapes"])
+                shapes = raw["mamba_shapes"]
+                if not isinstance(shapes, (list, tuple)) or not all(isinstance(s, (list, tuple)) for s in shapes):
+                    raise ConfigError(f"layers[{i}]: mamba_shapes {shapes!r} must be a list of lists of positive integers")
+                raw["mamba_shapes"] = tuple(tuple(s) for s in shapes)
             if "mamba_dtypes" in raw:
+                if not isinstance(raw["mamba_dtypes"], (list, tuple)):
+                    raise ConfigError(f"layers[{i}]: mamba_dtypes {raw['mamba_dtypes']!r} must be a list of dtype names")
                 raw["mamba_dtypes"] = tuple(raw["mamba_dtypes"])
             try:
                 layers.append(LayerConfig(**raw))
@@ -173,7 +249,8 @@ class CaseConfig:
         rest = {k: v for k, v in data.items() if k != "layers"}
         if "capability" in rest:
             cap = rest["capability"]
-            if not (isinstance(cap, (list, tuple)) and len(cap) == 2 and all(isinstance(x, int) for x in cap)):
+            if not (isinstance(cap, (list, tuple)) and len(cap) == 2
+                    and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= 99 for x in cap)):
                 raise ConfigError(f"capability {cap!r} must be [major, minor]")
             rest["capability"] = tuple(cap)
         return cls(layers=tuple(layers), **rest)

@@ -66,3 +66,41 @@ def test_replay_entry_points_refuse_bad_input_in_one_line(module: str, args: lis
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 4, (out.returncode, out.stderr[-1500:])
     assert len(lines) == 1 and words in lines[0] and "Traceback" not in out.stderr, out.stderr
+
+
+def _case(**fields: object) -> dict:
+    layer = {"name": "model.layers.0.self_attn.attn"}
+    layer.update(fields.pop("layer", {}))  # type: ignore[arg-type]
+    return {"name": "bad", "block_size": 16, "num_blocks": 4, "layers": [layer], **fields}
+
+
+FIELD_ROWS = [
+    ("block-size-true", _case(block_size=True), "block size True"),
+    ("block-size-huge", _case(block_size=10**12), "block size 1000000000000 must be an integer from 1 to 16777216"),
+    ("max-model-len-zero", _case(max_model_len=0), "max_model_len 0"),
+    ("num-blocks-huge", _case(num_blocks=10**15), "num_blocks 1000000000000000"),
+    ("memory-negative", _case(num_blocks=None, kv_cache_memory_bytes=-5), "kv_cache_memory_bytes -5"),
+    ("mamba-block-size-float", _case(mamba_block_size=1.5), "mamba_block_size 1.5"),
+    ("case-name-empty", _case(name=""), "case name ''"),
+    ("vllm-version-number", _case(vllm_version=3), "vllm_version 3"),
+    ("layers-not-a-list", {"name": "bad", "layers": {"a": 1}}, "must be a list of layer objects"),
+    ("layer-name-empty", _case(layer={"name": ""}), "layer name ''"),
+    ("head-size-v-negative", _case(layer={"head_size_v": -1}), "head_size_v -1"),
+    ("heads-bool", _case(layer={"num_kv_heads": True}), "num_kv_heads True"),
+    ("sliding-window-text", _case(layer={"kind": "sliding_window", "sliding_window": "x"}), "sliding_window 'x'"),
+    ("is-draft-text", _case(layer={"is_draft": "yes"}), "is_draft 'yes'"),
+    ("mamba-shape-negative", _case(layer={"kind": "mamba", "backend": "MAMBA2_ATTN", "mamba_shapes": [[-1]]}),
+     "mamba_shapes"),
+    ("mamba-shape-huge", _case(layer={"kind": "mamba", "backend": "MAMBA2_ATTN", "mamba_shapes": [[2**20, 2**20]]}),
+     "expected at most"),
+    ("capability-bool", _case(capability=[True, 0]), "capability"),
+]
+
+
+@pytest.mark.parametrize(("case", "words"), [pytest.param(c, w, id=i) for i, c, w in FIELD_ROWS])
+def test_every_case_field_is_validated(tmp_path: Path, case: dict, words: str) -> None:
+    """Through `explain` (no vLLM needed) and `run --reference-only`: one line, exit 4, bounded memory."""
+    for command in (["explain"], ["run", "--reference-only", "--case"]):
+        out = kvconform(*command, _file(tmp_path, case))
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 4 and len(lines) == 1 and words in lines[0], (command, out.returncode, out.stderr[-800:])
