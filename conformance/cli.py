@@ -401,6 +401,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         load_connector(args.connector)
     except (ValueError, ImportError, AttributeError) as exc:
         raise UsageError(f"--connector {args.connector!r}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # the adapter's module itself fails on import
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        raise UsageError(f"--connector {args.connector!r}: importing it raised {detail}") from None
     cases = _select_cases(args.case)
     report = validate_registration(args.connector, cases=cases, runners=tuple(args.runner or ("mrv1", "mrv2")))
     if args.json != "-":

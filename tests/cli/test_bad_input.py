@@ -104,3 +104,63 @@ def test_every_case_field_is_validated(tmp_path: Path, case: dict, words: str) -
         out = kvconform(*command, _file(tmp_path, case))
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 4 and len(lines) == 1 and words in lines[0], (command, out.returncode, out.stderr[-800:])
+
+
+ADAPTERS = '''
+import itertools, sys
+
+class ExitsInRegister:
+    def register(self, caches):
+        sys.exit(0)
+    def descriptors(self, layer, block):
+        return []
+
+class Endless:
+    def register(self, caches):
+        self.caches = caches
+    def descriptors(self, layer, block):
+        return ((0, 1) for _ in itertools.count())
+
+class NegativeLength:
+    def register(self, caches):
+        self.caches = caches
+    def descriptors(self, layer, block):
+        return [(0, 16), (32, -8)]
+
+class FloatLength:
+    def register(self, caches):
+        self.caches = caches
+    def descriptors(self, layer, block):
+        return [(0, 16.5)]
+'''
+
+CONNECTOR_ROWS = [
+    # (id, module source, connector spec, exit code, words in the output)
+    ("exits-at-import", "import sys\nsys.exit(0)\n", "exits_at_import:X", 4, "importing it raised SystemExit: 0"),
+    ("syntax-error", "def (:\n", "syntax_error:X", 4, "importing it raised SyntaxError"),
+    ("raises-at-import", "raise RuntimeError('boom')\n", "raises_at_import:X", 4, "importing it raised RuntimeError: boom"),
+    ("exits-in-register", ADAPTERS, "adapters:ExitsInRegister", 1, "register raised SystemExit"),
+    ("endless-descriptors", ADAPTERS, "adapters:Endless", 1, "more than 65536"),
+    ("negative-length", ADAPTERS, "adapters:NegativeLength", 1, "length -8 in (32, -8)"),
+    ("float-length", ADAPTERS, "adapters:FloatLength", 1, "length 16.5"),
+]
+
+
+@pytest.mark.parametrize(("source", "spec", "code", "words"),
+                         [pytest.param(s, c, e, w, id=i) for i, s, c, e, w in CONNECTOR_ROWS])
+def test_a_misbehaving_connector_adapter_is_reported(tmp_path: Path, source: str, spec: str, code: int,
+                                                     words: str) -> None:
+    """`kvconform check`: an adapter that fails on import is a usage error (exit 4); one that
+    exits, loops or returns bad descriptors is a divergence (exit 1) with bounded memory."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("kvconform check builds CPU tensors: needs torch")
+    (tmp_path / f"{spec.split(':')[0]}.py").write_text(source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    out = kvconform("check", "--connector", spec, "--case", "flashinfer-b16", env=env)
+    assert out.returncode == code, (out.returncode, out.stdout[-1500:], out.stderr[-1500:])
+    assert words in (out.stderr if code == 4 else out.stdout), (out.stdout[-1500:], out.stderr[-800:])
+    if code == 4:
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
