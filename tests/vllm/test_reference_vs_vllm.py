@@ -1,10 +1,10 @@
 """The reference model's facts, proved against vLLM 0.33.0's own code on CPU.
 
 For every case in ``vllm_cases.CASES`` the reference (``reference.derive``) and vLLM
-(``gpu_impl.vllm_cpu.planning.observe``) must agree field by field: layout, groups,
-num_blocks, bytes per block, every KVCacheTensor, kernel block sizes and every
-registered tensor. When the reference predicts a startup failure, vLLM must fail
-too, with the same opening words. A second test diffs the reference backend table
+(``gpu_impl.vllm_cpu.planning.observe``) must agree field by field, judged by the one
+comparator ``conformance.diff.compare`` (layout, groups, num_blocks, bytes per block,
+every KVCacheTensor, kernel block sizes, builders, registered and bound tensors). When
+the reference predicts a startup failure, vLLM must fail too, for the same reason. A second test diffs the reference backend table
 against the real backend classes.
 
 Every failure prints the case as JSON and a one-line replay command.
@@ -23,7 +23,7 @@ from gpu_impl.vllm_cpu.backends import declared, size_repr
 from gpu_impl.vllm_cpu.planning import Observation, observe
 from reference import backends as ref_backends
 from reference.config import CaseConfig, LayerConfig
-from reference.derive import Derivation, derive, raw_spec
+from reference.derive import derive, raw_spec
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.kernel_blocks import select_common_block_size as ref_select_common_block_size
 from vllm_cases import CASES, admission_cases
@@ -67,42 +67,12 @@ def _first_words(text: str, n: int = FIRST_WORDS) -> list[str]:
     return text.split()[:n]
 
 
-def diff(ref: Derivation, obs: Observation) -> list[str]:
-    """Every field where the reference and vLLM differ, as one line each."""
-    problems: list[str] = []
+def diff(case: CaseConfig, runner: str, obs: Observation) -> list[str]:
+    """Every field where the reference and vLLM differ, one line each: the one comparator
+    (``conformance.diff.compare``), as ``kvconform run`` judges the same observation."""
+    from conformance.diff import compare
 
-    def check(field: str, reference, vllm) -> None:
-        if reference != vllm:
-            problems.append(f"{field}: reference={reference!r} vllm={vllm!r}")
-
-    plan = ref.plan
-    check("layout", ref.layout.name, obs.layout)
-    check("groups.layer_names", [tuple(g.layer_names) for g in plan.groups], [g.layer_names for g in obs.groups])
-    check("groups.block_size", [g.spec.block_size for g in plan.groups], [g.block_size for g in obs.groups])
-    check("num_blocks", plan.num_blocks, obs.num_blocks)
-    check("bytes_per_block", plan.bytes_per_block, obs.bytes_per_block)
-    check("kv_cache_tensors.count", len(plan.tensors), len(obs.tensors))
-    for i, (rt, vt) in enumerate(zip(plan.tensors, obs.tensors)):
-        check(f"kv_cache_tensors[{i}].layers", tuple(rt.layers), vt.layers)
-        for attr in ("size", "layer_stride", "block_stride", "offset"):
-            check(f"kv_cache_tensors[{i}].{attr}", getattr(rt, attr), getattr(vt, attr))
-    check("kernel_block_sizes", tuple(ref.kernel_block_sizes), obs.kernel_block_sizes)
-    check("cache_block_size", ref.cache_block_size, obs.cache_block_size)
-    check("scheduler_block_size", ref.scheduler_block_size, obs.scheduler_block_size)
-    check("hash_block_size", ref.hash_block_size, obs.hash_block_size)
-    if hasattr(ref, "builder_kernel_block_sizes"):
-        check("builder_kernel_block_sizes", dict(ref.builder_kernel_block_sizes), obs.builder_kernel_block_sizes)
-    check("registered.layers", list(ref.registered), list(obs.registered))
-    for name, rv in ref.registered.items():
-        vv = obs.registered.get(name)
-        if vv is None:
-            continue
-        check(f"registered[{name}].shape", tuple(rv.shape), vv.shape)
-        check(f"registered[{name}].stride", tuple(rv.stride), vv.stride)
-        check(f"registered[{name}].dtype", rv.dtype, vv.dtype)
-        check(f"registered[{name}].storage_offset", rv.storage_offset, vv.storage_offset)
-        check(f"registered[{name}].storage_nbytes", rv.storage_nbytes, vv.storage_nbytes)
-    return problems
+    return [d.message for d in compare(case, runner, obs).divergences]
 
 
 def _has_draft(case: CaseConfig) -> bool:
@@ -125,11 +95,10 @@ def test_case_list_is_large_enough():
 
 @pytest.mark.parametrize(("case", "runner"), list(_params()))
 def test_reference_matches_vllm(case: CaseConfig, runner: str):
-    ref: Derivation | None = None
     ref_error: StartupError | None = None
     invalid: str | None = None
     try:
-        ref = derive(case, runner)
+        derive(case, runner)
     except StartupError as exc:
         ref_error = exc
     except NotModeledError as exc:
@@ -151,44 +120,24 @@ def test_reference_matches_vllm(case: CaseConfig, runner: str):
     if obs.unsupported is not None:
         pytest.skip(f"vLLM cannot be driven on CPU for this case: {obs.unsupported}")
 
-    if ref_error is not None:
-        if obs.error is None:
-            pytest.fail(
-                _report(case, runner, [f"the reference predicts vLLM refuses ({ref_error.where}): "
-                                       f"{ref_error.vllm_message!r}, but vLLM accepted it (layout {obs.layout}, "
-                                       f"kernel block sizes {obs.kernel_block_sizes})"]),
-                pytrace=False,
-            )
-        if _first_words(ref_error.vllm_message) != _first_words(obs.error_message or ""):
-            pytest.fail(
-                _report(case, runner, [f"both refuse, differently: reference ({ref_error.where}) "
-                                       f"{ref_error.vllm_message!r}; vLLM ({obs.error_stage}) {obs.error!r}"]),
-                pytrace=False,
-            )
-        return
-
-    if obs.error is not None:
-        pytest.fail(
-            _report(case, runner, [f"the reference accepts the case, but vLLM refuses it at {obs.error_stage}: {obs.error}"]),
-            pytrace=False,
-        )
-    assert ref is not None
-    problems = diff(ref, obs)
+    problems = diff(case, runner, obs)
     if problems:
-        pytest.fail(_report(case, runner, problems), pytrace=False)
+        where = f"the reference predicts vLLM refuses ({ref_error.where}); " if ref_error is not None else ""
+        vllm = f"vLLM refuses at {obs.error_stage}: {obs.error}" if obs.error else "vLLM starts"
+        pytest.fail(_report(case, runner, [where + vllm, *problems]), pytrace=False)
 
 
 @pytest.mark.parametrize("case", admission_cases(), ids=lambda c: c.name)
 def test_engine_core_planning_matches(case: CaseConfig):
     """With a pool that admits one max_model_len request, the engine core's full
     ``get_kv_cache_configs`` path plans exactly what the reference predicts."""
-    ref = derive(case)
+    derive(case)  # the reference models the case (raises otherwise)
     obs = observe(case, admission=True)
     if obs.unsupported is not None:
         pytest.skip(f"vLLM cannot be driven on CPU for this case: {obs.unsupported}")
     if obs.error is not None:
         pytest.fail(_report(case, "mrv1", [f"get_kv_cache_configs refused: {obs.error_stage}: {obs.error}"]), pytrace=False)
-    problems = diff(ref, obs)
+    problems = diff(case, "mrv1", obs)
     if problems:
         pytest.fail(_report(case, "mrv1", problems), pytrace=False)
 
