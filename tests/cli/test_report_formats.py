@@ -414,3 +414,23 @@ def test_published_ci_profile_report_is_todays_sample() -> None:
     expected = [c.to_dict() for c in CASES.values()] + [c.to_dict() for c in sample_cases(PROJECT_SEED, PROFILES["ci"]["sample"])]
     assert [r["config"] for r in report["results"]] == json.loads(json.dumps(expected))
     assert report["complete"] and report["expectations"]["unexpected"] == 0
+
+
+def test_the_report_schema_describes_exactly_the_case_fields() -> None:
+    """One case description: the schema's config and layer properties are CaseConfig's and
+    LayerConfig's fields, and seeded configs (every kind the strategy draws) validate."""
+    from dataclasses import fields
+
+    from reference.config import CaseConfig, LayerConfig
+    from suites.strategies import sample_cases
+
+    schema = json.loads((ROOT / "conformance" / "report.schema.json").read_text())
+    config = schema["properties"]["results"]["items"]["properties"]["config"]
+    assert set(config["properties"]) == {f.name for f in fields(CaseConfig)}
+    assert set(config["properties"]["layers"]["items"]["properties"]) == {f.name for f in fields(LayerConfig)}
+    for case in sample_cases(3, 200):
+        errors: list[str] = []
+        data = json.loads(case.to_json())  # as a report stores it
+        rf._check(data, config, schema, ["config"], errors)
+        assert errors == [], (case.name, errors[:3])
+        assert CaseConfig.from_dict(data) == case
