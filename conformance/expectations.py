@@ -42,13 +42,12 @@ from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from conformance.diff import KINDS, RUNNER_PAIR, Divergence
 from reference.errors import ConfigError
+from reference.layout import LAYOUT_ALIASES as _LAYOUT_ALIASES
+from reference.layout import LAYOUT_NAMES as _LAYOUTS
 
 DEFAULT_PATH = Path(__file__).with_name("expectations.toml")
 SCHEMA = 1
 RUNNERS = ("mrv1", "mrv2", RUNNER_PAIR)
-_LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
-# VLLM_KV_CACHE_LAYOUT's legacy names: a case may request them; they resolve to these.
-_LAYOUT_ALIASES = {"NHD": "LBNHC", "HND": "LBHNC"}
 _TOP_KEYS = ("schema", "expectation")
 _REQUIRED = ("id", "kind", "reason")
 _OPTIONAL = ("case", "field", "backend", "layout", "runner", "options", "without", "vllm")
@@ -75,7 +74,6 @@ class ExpectationsError(ConfigError):
 
 # --- versions --------------------------------------------------------------------------------
 
-_INSTALLED = re.compile(r"\s*v?(\d+(?:\.\d+)*)")
 _SPEC_VERSION = re.compile(r"(\d+(?:\.\d+)*)(\.\*)?\Z")
 _OPS = (">=", "<=", "==", "!=", ">", "<")
 
@@ -86,10 +84,12 @@ def release(version: str) -> tuple[int, ...]:
     ``"0.33.0"`` -> ``(0, 33)``; ``"0.33.1.dev12+g1a2b"`` -> ``(0, 33, 1)``. Raises
     ValueError when the text does not start with a version number.
     """
-    match = _INSTALLED.match(version)
-    if match is None:
-        raise ValueError(f"version {version!r} does not start with a release number like 0.33.0")
-    return _strip(tuple(int(p) for p in match.group(1).split(".")))
+    from reference.legacy import parse_version  # the one version parser
+
+    try:
+        return _strip(parse_version(version.strip()))
+    except ValueError:
+        raise ValueError(f"version {version!r} does not start with a release number like 0.33.0") from None
 
 
 def _strip(parts: tuple[int, ...]) -> tuple[int, ...]:

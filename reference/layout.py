@@ -81,6 +81,11 @@ DEFAULT_PREFERENCE = (
 )
 _LEGACY_NAMES = {"NHD": KVCacheLayout.LBNHC, "HND": KVCacheLayout.LBHNC}
 
+LAYOUT_NAMES: tuple[str, ...] = tuple(m.name for m in KVCacheLayout)
+"""Every ``KVCacheLayout`` name, in vLLM's order: the one list of layout names."""
+LAYOUT_ALIASES: dict[str, str] = {alias: layout.name for alias, layout in _LEGACY_NAMES.items()}
+"""FlashInfer-era names ``VLLM_KV_CACHE_LAYOUT`` still accepts, and the layout each means."""
+
 
 def layout_from_name(name: str) -> KVCacheLayout:
     """``"NHD"`` / ``"LBNHC"`` -> ``KVCacheLayout``; one-line error for anything else."""

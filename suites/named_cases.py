@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from reference.config import CaseConfig, LayerConfig, uniform_layers
 from reference.errors import ConfigError
-
-_LAYOUTS = ("LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+from reference.layout import LAYOUT_NAMES as _LAYOUTS
 
 
 def _qwen3_like(n: int = 2, **layer: object) -> tuple[LayerConfig, ...]:

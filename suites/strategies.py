@@ -15,6 +15,9 @@ from reference.errors import ConfigError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
 LAYOUTS = ("LBNHC", "LBHNC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
+"""``reference.layout.LAYOUT_NAMES`` in the order the seeded sample draws them (kept so
+every seed keeps drawing the same configs; tests/reference/test_strategies.py checks it
+is the same set)."""
 # (backend, head sizes it accepts that keep cases small)
 GQA_BACKENDS: tuple[tuple[str, tuple[int, ...]], ...] = (
     ("FLASH_ATTN", (8, 16, 64, 128)),

@@ -61,3 +61,10 @@ def test_hypothesis_strategy_builds_valid_cases(case: CaseConfig) -> None:
         derive(case)
     except (StartupError, NotModeledError):
         pass
+
+
+def test_the_sampled_layouts_are_the_reference_layouts() -> None:
+    from reference.layout import LAYOUT_NAMES
+    from suites.strategies import LAYOUTS
+
+    assert sorted(LAYOUTS) == sorted(LAYOUT_NAMES) and len(LAYOUTS) == len(set(LAYOUTS))
