@@ -24,8 +24,7 @@ Whatever is approximated is recorded in ``ZooModel.approximations``.
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,7 +32,6 @@ from reference.backends import get_backend
 from reference.config import CaseConfig, LayerConfig
 from reference.errors import ConfigError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
-from reference.specs import MultipleOf
 
 ZOO_DIR = Path(__file__).with_name("zoo")
 
@@ -439,32 +437,11 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
 
 
 def hybrid_block_size(model: ZooModel, backend: str, block_size: int = 16) -> int:
-    """The block size vLLM serves a hybrid (attention + state) model with.
+    """The block size vLLM serves a hybrid (attention + state) model with: the reference's
+    ``align_hybrid_block_size`` for the model's case (its ``_align_hybrid_block_size``)."""
+    from reference.kernel_blocks import align_hybrid_block_size
 
-    ``Platform._align_hybrid_block_size`` (run by ``update_block_size_for_backend``, which
-    the reference does not model): the attention page must hold the largest state page, in
-    multiples of the backend's smallest kernel block (and of ``block_size``). Models
-    without state layers keep ``block_size``.
-    """
-    case = to_case(model, block_size=block_size, backend=backend)
-    attn = [l for l in case.layers if l.kind != "mamba" and not l.is_draft]
-    states = [l for l in case.layers if l.kind == "mamba"]
-    if not states or not attn:
-        return block_size
-    from reference.dtypes import dtype_size, storage_dtype
-
-    first = attn[0]
-    info = get_backend(first.backend)
-    size = dtype_size(storage_dtype(first.cache_dtype, case.model_dtype))
-    per_token = (1 if info.is_mla else first.num_kv_heads) * (first.head_size + (0 if info.is_mla else first.head_size)) * size
-    state_page = max(
-        sum(math.prod(s) * dtype_size(d) for s, d in zip(l.mamba_shapes, l.mamba_dtypes)) for l in states
-    )
-    smallest = min(s.base if isinstance(s, MultipleOf) else s for s in info.kernel_block_sizes)
-    align = max(smallest, block_size)
-    attn_block = align * -(-state_page // (align * per_token))
-    attn_block = smallest * -(-attn_block // smallest)
-    return max(block_size, attn_block)
+    return align_hybrid_block_size(to_case(model, block_size=block_size, backend=backend))
 
 
 def to_case(
