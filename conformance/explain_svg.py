@@ -22,6 +22,9 @@ _NOTE = 190
 """Room on the right for the kernel-block note."""
 _MAX_RECTS = 4000
 """Past this many runs per region only its span is drawn (LBNHC K runs are per token)."""
+_MAX_PAGES = 256
+"""Past this many blocks per layer the pages are drawn as one span (a picture is about
+600 px wide: more pages are not visible, and drawing them would grow with the pool)."""
 
 
 def _rects(region: Region, scale: float, y: int, height: int, css: str) -> list[str]:
@@ -54,9 +57,14 @@ def block_picture(d: Derivation, block_id: int = 1, max_layers: int = 12) -> str
         view = d.registered[name]
         ratio = d.block_ratio(view.group_id)
         parts.append(f'<text x="{_LABEL - 8}" y="{y + 15}" class="name end">{html.escape(name)} (g{view.group_id})</text>')
-        for b in range(d.num_blocks):
-            for start, stop in d.block_bytes(name, b).page.runs() if d.block_bytes(name, b).page.count <= 64 else [d.block_bytes(name, b).page.span()]:
-                parts.append(_rect(start, stop, scale, y, 20, "page"))
+        if d.num_blocks > _MAX_PAGES:
+            first, last = d.block_bytes(name, 0).page.span(), d.block_bytes(name, d.num_blocks - 1).page.span()
+            parts.append(_rect(min(first[0], last[0]), max(first[1], last[1]), scale, y, 20, "page span"))
+        else:
+            for b in range(d.num_blocks):
+                page = d.block_bytes(name, b).page
+                for start, stop in page.runs() if page.count <= 64 else [page.span()]:
+                    parts.append(_rect(start, stop, scale, y, 20, "page"))
         block = d.block_bytes(name, block_id)
         # K in the upper half, V in the lower: they interleave finer than a pixel under
         # most layouts, and stacked they stay visible.

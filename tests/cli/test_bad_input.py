@@ -164,3 +164,16 @@ def test_a_misbehaving_connector_adapter_is_reported(tmp_path: Path, source: str
     assert words in (out.stderr if code == 4 else out.stdout), (out.stdout[-1500:], out.stderr[-800:])
     if code == 4:
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_the_largest_valid_case_is_explained_in_bounded_time_and_size(tmp_path: Path) -> None:
+    """Bounds keep every command's memory bounded: the largest case the validators accept
+    is explained (text and picture) in a few seconds, with a picture of a few kilobytes."""
+    from reference.config import MAX_BLOCKS, MAX_HEADS, MAX_TOKENS
+
+    case = {"name": "largest", "block_size": MAX_TOKENS, "num_blocks": MAX_BLOCKS,
+            "layers": [{"name": "model.layers.0.self_attn.attn", "num_kv_heads": MAX_HEADS, "head_size": 256}]}
+    page = tmp_path / "largest.html"
+    out = kvconform("explain", _file(tmp_path, case), "--html", str(page))
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert page.stat().st_size < 100_000
