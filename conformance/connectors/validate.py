@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from conformance.connectors.protocol import ConnectorLike, LayerInfo, RegistrationContext
+from reference import intervals
 
 _TORCH_DTYPES = ("bfloat16", "float16", "float32", "uint8", "int8", "float8_e4m3fn", "float8_e5m2")
 _SHOW = 3  # intervals shown per expected/observed value
@@ -133,50 +134,14 @@ def build_kv_caches(derivation) -> tuple[Any, dict[str, Any]]:
     return pool, caches
 
 
-# --- intervals -------------------------------------------------------------------------------
-
-
-def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Sorted, merged ``[start, stop)`` intervals."""
-    out: list[list[int]] = []
-    for a, b in sorted(intervals):
-        if b <= a:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
-
-
-def _subtract(xs: list[tuple[int, int]], ys: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``xs - ys`` for merged interval lists."""
-    out = []
-    j = 0
-    for a, b in xs:
-        cur = a
-        while j < len(ys) and ys[j][1] <= cur:
-            j += 1
-        k = j
-        while k < len(ys) and ys[k][0] < b:
-            if ys[k][0] > cur:
-                out.append((cur, ys[k][0]))
-            cur = max(cur, ys[k][1])
-            k += 1
-        if cur < b:
-            out.append((cur, b))
-    return out
-
-
-def _nbytes(iv: list[tuple[int, int]]) -> int:
-    return sum(b - a for a, b in iv)
+# --- intervals (reference.intervals) ---------------------------------------------------------
 
 
 def _show(iv: list[tuple[int, int]], base: int) -> str:
     """Intervals as pool offsets, a few shown."""
     parts = [f"[{a - base}, {b - base})" for a, b in iv[:_SHOW]]
     more = f" +{len(iv) - _SHOW} more" if len(iv) > _SHOW else ""
-    return f"{_nbytes(iv)} bytes at pool offsets {' '.join(parts) or 'none'}{more}"
+    return f"{intervals.total(iv)} bytes at pool offsets {' '.join(parts) or 'none'}{more}"
 
 
 MAX_DESCRIPTORS = 1 << 16
@@ -200,7 +165,7 @@ def _to_intervals(ranges: Any, what: str) -> list[tuple[int, int]]:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise TypeError(f"{what} returned {label} {value!r} in {item!r}; expected a non-negative integer")
         out.append((addr, addr + length))
-    return _merge(out)
+    return intervals.merge(out)
 
 
 # --- resolving the connector --------------------------------------------------------------------
@@ -309,7 +274,7 @@ class _LayerFacts:
 def _diagnose_descriptors(f: _LayerFacts, layout: str, block: int, expected: list, observed: list, kind: str) -> str:
     """One line: the most likely cause of a descriptor mismatch, and the fix."""
     lo = observed[0][0] if observed else None
-    n_obs, n_exp = _nbytes(observed), _nbytes(expected)
+    n_obs, n_exp = intervals.total(observed), intervals.total(expected)
     what = "K bytes" if kind == "k" else "V bytes" if kind == "v" else "bytes"
     if not observed:
         return f"no descriptors for logical block {block}: every registered layer (including aliased groups) must transfer its block"
@@ -345,9 +310,9 @@ def _diagnose_descriptors(f: _LayerFacts, layout: str, block: int, expected: lis
             f"view strides are {tuple(s * f.es for s in f.view.stride)} bytes: compute offsets from tensor.stride(), "
             "not from an assumed layout"
         )
-    missing, extra = _subtract(expected, observed), _subtract(observed, expected)
+    missing, extra = intervals.subtract(expected, observed), intervals.subtract(observed, expected)
     return (
-        f"{_nbytes(missing)} {what} of the block are not transferred and {_nbytes(extra)} bytes of other data are: "
+        f"{intervals.total(missing)} {what} of the block are not transferred and {intervals.total(extra)} bytes of other data are: "
         f"block {block} of this layer is {_show(expected, f.base)}"
     )
 
@@ -369,7 +334,7 @@ def _head_slice(f: "_LayerFacts", block: int, h0: int, h1: int) -> list[tuple[in
 
 
 def _diagnose_heads(f: "_LayerFacts", layout: str, block: int, h0: int, h1: int, expected: list, observed: list) -> str:
-    if _nbytes(observed) == _nbytes(expected):
+    if intervals.total(observed) == intervals.total(expected):
         if layout in ("LBHNC", "BLHNC"):
             how = f"under {layout} each head's {f.kernel_tokens} tokens are contiguous (heads outer to tokens), so a head slice is one run per kernel block"
         elif layout in ("LBNHC", "BLNHC"):
@@ -381,7 +346,7 @@ def _diagnose_heads(f: "_LayerFacts", layout: str, block: int, h0: int, h1: int,
             f"take head and token offsets from stride(1) and stride(2) ({f.view.stride[1] * f.es}, {f.view.stride[2] * f.es} bytes), "
             "never from an assumed NHD/HND order"
         )
-    return f"heads [{h0}, {h1}) of block {block}: {_nbytes(observed)} bytes where the slice is {_nbytes(expected)}; derive head slices from the view's strides"
+    return f"heads [{h0}, {h1}) of block {block}: {intervals.total(observed)} bytes where the slice is {intervals.total(expected)}; derive head slices from the view's strides"
 
 
 def _check_case(connector: Any, label: str, derivation, report: ConnectorReport) -> CaseResult:
@@ -424,7 +389,7 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
         mask = owned.setdefault(group_of[name], bytearray(pool.numel()))
         for b in range(derivation.num_blocks):
             bb = derivation.block_bytes(name, b)
-            iv = _merge((base + a, base + z) for a, z in bb.page.runs())
+            iv = intervals.merge((base + a, base + z) for a, z in bb.page.runs())
             expected_pages[name, b] = iv
             for a, z in iv:
                 mask[a - base : z - base] = b"\x01" * (z - a)
@@ -432,8 +397,8 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
     def harmful(name: str, block: int, extra: list) -> list:
         # Moving other layers' pages of the *same* block id along is fine (NIXL moves the
         # whole row of a block-outermost layout); bytes of any other block id are not.
-        allowed = _merge(iv for n in derivation.registered for iv in expected_pages[n, block])
-        rest = _subtract(_merge(extra), allowed)
+        allowed = intervals.merge(iv for n in derivation.registered for iv in expected_pages[n, block])
+        rest = intervals.subtract(intervals.merge(extra), allowed)
         return [(a, z) for a, z in rest if any(any(m[a - base : z - base]) for m in owned.values())]
 
     # derived facts, when the adapter exposes them
@@ -509,7 +474,7 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                 if kv:
                     k_obs, v_obs = adapter.kv_descriptors(name, b)
                     k_obs, v_obs = _to_intervals(k_obs, "kv_descriptors"), _to_intervals(v_obs, "kv_descriptors")
-                    observed = _merge(k_obs + v_obs)
+                    observed = intervals.merge(k_obs + v_obs)
                 else:
                     observed = _to_intervals(adapter.descriptors(name, b), "descriptors")
             except ADAPTER_ERRORS as exc:
@@ -518,12 +483,12 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                 continue
             outside = [(a, z) for a, z in observed if a < base or z > base + pool.numel()]
             if outside:
-                add(name, b, "descriptors", _show(expected, base), f"{_nbytes(outside)} bytes outside the pool",
+                add(name, b, "descriptors", _show(expected, base), f"{intervals.total(outside)} bytes outside the pool",
                     f"descriptors leave the registered pool ({pool.numel()} bytes at data_ptr of the shared storage): "
                     "addresses must be tensor.data_ptr() + offsets inside the view")
                 continue
-            missing = _subtract(expected, observed)
-            extra = _subtract(observed, expected)
+            missing = intervals.subtract(expected, observed)
+            extra = intervals.subtract(observed, expected)
             # Extra bytes that belong to no layer's block (page padding) are harmless.
             extra = harmful(name, b, extra) if extra else extra
             if missing or extra:
@@ -534,7 +499,7 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                 bb = derivation.block_bytes(name, b)
                 if bb.v is not None:
                     for side, obs, region in (("k", k_obs, bb.k), ("v", v_obs, bb.v)):
-                        exp = _merge((base + a, base + z) for a, z in region.runs())
+                        exp = intervals.merge((base + a, base + z) for a, z in region.runs())
                         if exp != obs:
                             add(name, b, side, _show(exp, base), _show(obs, base),
                                 _diagnose_descriptors(f, derivation.layout.name, b, exp, obs, side))
@@ -545,7 +510,7 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                 continue
             for b in range(derivation.num_blocks):
                 for h0, h1 in ((0, heads // 2), (heads // 2, heads)):
-                    exp = _merge(_head_slice(f, b, h0, h1))
+                    exp = intervals.merge(_head_slice(f, b, h0, h1))
                     try:
                         obs = _to_intervals(adapter.head_descriptors(name, b, h0, h1), "head_descriptors")
                     except ADAPTER_ERRORS as exc:
