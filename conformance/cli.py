@@ -393,6 +393,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     """A connector adapter's registration against the reference (conformance.connectors)."""
     import importlib.util
 
+    _check_writable(args.json)
     if importlib.util.find_spec("torch") is None:
         raise NothingRan("`kvconform check` builds real CPU tensors for the connector and needs torch (CPU is enough)")
     from conformance.connectors.validate import load_connector, validate_registration
@@ -418,6 +419,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     """A ``kvconform run --json`` report as JUnit XML, Markdown and/or HTML (or just validated)."""
     from conformance.report_formats import convert
 
+    for flag, target in (("--junit", args.junit), ("--markdown", args.markdown), ("--html", args.html)):
+        _check_writable(target, flag)
     return convert(args.report, junit=args.junit, markdown=args.markdown, html=args.html)
 
 

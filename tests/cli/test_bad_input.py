@@ -177,3 +177,17 @@ def test_the_largest_valid_case_is_explained_in_bounded_time_and_size(tmp_path: 
     out = kvconform("explain", _file(tmp_path, case), "--html", str(page))
     assert out.returncode == 0, out.stderr[-1500:]
     assert page.stat().st_size < 100_000
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "--reference-only", "--case", "flashinfer-b16", "--json", "/nonexistent-dir/r.json"],
+    ["report", "reports/vllm-0.33.0-cpu-named-cases.json", "--markdown", "/nonexistent-dir/r.md"],
+    ["report", "reports/vllm-0.33.0-cpu-named-cases.json", "--html", "/"],
+    ["check", "--connector", "conformance.connectors.examples:ReferenceAdapter", "--json", "/nonexistent-dir/c.json"],
+], ids=["run-json", "report-markdown", "report-html-is-a-directory", "check-json"])
+def test_an_unwritable_output_is_refused_before_work_starts(args: list[str]) -> None:
+    out = kvconform(*args)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 4 and len(lines) == 1, (out.returncode, out.stderr[-800:])
+    assert "/nonexistent-dir" in lines[0] or "is a directory" in lines[0], lines[0]
+    assert out.stdout == ""  # nothing ran
