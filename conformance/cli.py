@@ -19,7 +19,7 @@ from suites.profiles import PROJECT_SEED
 EXIT_OK, EXIT_DIVERGENCE, EXIT_INTERRUPTED, EXIT_INTERNAL, EXIT_USAGE, EXIT_NOTHING_RAN = range(6)
 
 
-def threading_main() -> bool:
+def _in_main_thread() -> bool:
     """Signal handlers can only be installed from the main thread."""
     import threading
 
@@ -500,7 +500,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # SIGTERM (a CI job cancelled, a container stopped) ends a run like Ctrl-C: exit 2
     # with the report written as far as it got ("complete": false).
-    if threading_main():
+    if _in_main_thread():
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     parser = build_parser()
     try:

@@ -423,7 +423,7 @@ def compare_schedule(
     which step a runner fails is compared, not its words.
     """
     from reference.block_tables.kernel import map_to_kernel_block_table
-    from reference.schedule import normalize_scenario
+    from reference.config import normalize_scenario
 
     sc = normalize_scenario(scenario)
     c = _Collector(_case_name(case), runner)

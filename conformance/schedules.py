@@ -26,7 +26,7 @@ class SchedulePlan:
     """The schedules of one case and what the reference needs to judge them."""
 
     scenarios: tuple[dict[str, Any], ...] = ()
-    """``reference.schedule`` scenarios, the same for both runners."""
+    """``reference.config`` scenarios, the same for both runners."""
     layer_kernel_block_sizes: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     """Per runner, per owner (``runner``: the runner's own attention groups; ``drafter``:
     the drafter's / speculator's), per layer: the kernel block size its attention group

@@ -121,16 +121,15 @@ class _StderrToFile:
 def run_against_vllm(cases: Sequence[CaseConfig], **options: Any) -> int:
     """``_run_against_vllm`` with vLLM's and torch's output in a log file named in the
     report (``environment.vllm_log``) and in the run's last line, not on the terminal."""
+    import contextlib
+
     log = vllm_log_path()
-    try:
-        redirect = _StderrToFile(log)
-        redirect.__enter__()
-    except OSError:
-        return _run_against_vllm(cases, vllm_log=None, **options)  # an unwritable log: keep stderr
-    try:
-        return _run_against_vllm(cases, vllm_log=str(log), **options)
-    finally:
-        redirect.__exit__(None, None, None)
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(_StderrToFile(log))
+        except OSError:
+            log = None  # an unwritable log: keep stderr
+        return _run_against_vllm(cases, vllm_log=None if log is None else str(log), **options)
 
 
 def _run_against_vllm(

@@ -4,7 +4,7 @@ The block tables each runner builds for a case are driven by ``runner_tables`` (
 ``kvconform run`` reports). This module builds the classes itself, for group mixes no
 case reaches (circular buffers, packed kernel strides, DCP ranks other than 0, int32
 overflow). ``observe_block_tables(scenario)`` runs one scenario (plain JSON data, see
-``reference.schedule.normalize_scenario``) through:
+``reference.config.normalize_scenario``) through:
 
 - MRv1: ``vllm.v1.worker.block_table.MultiGroupBlockTable`` (``add_row``,
   ``append_row``, ``clear_row``, ``move_row``, ``swap_row``, ``commit_block_table``,
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from reference.schedule import (  # the schedule description, as reference.config describes a case
+from reference.config import (  # the schedule description, part of the case description
     GROUP_KINDS,
     Scenario,
     ScenarioError,

@@ -755,7 +755,7 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()
     ``admission=True`` plans through the engine core's ``get_kv_cache_configs``
     (which also refuses a pool too small for one ``max_model_len`` request); the
     default plans with ``get_kv_cache_config_from_groups`` and only keeps its
-    "no memory left after the null block" check. ``schedules`` (``reference.schedule``
+    "no memory left after the null block" check. ``schedules`` (``reference.config``
     scenarios) run through the block tables the runner built (``Observation.schedules``).
     """
     if runner not in ("mrv1", "mrv2"):

@@ -4,7 +4,7 @@ After ``planning`` has run a runner's ``initialize_kv_cache`` (``runners``), the
 holds the block tables it constructed from the KV cache config, with its own widths,
 slot-mapping modes, DCP settings and kernel block sizes, and attention groups whose
 ``kernel_block_table`` buffers its metadata-builder set-up allocated. A scenario
-(``reference.schedule``) is then run through those objects:
+(``reference.config``) is then run through those objects:
 
 - MRv1 (``gpu_model_runner.py``): the runner's ``InputBatch`` in ``_update_states``'
   order (``remove_request``, ``block_table.append_row``, ``add_request`` of a
@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _tolist
-from reference.schedule import ScenarioError, first_positions, normalize_scenario, step_token_layout
+from reference.config import ScenarioError, first_positions, normalize_scenario, step_token_layout
 
 Result = dict[str, Any]
 

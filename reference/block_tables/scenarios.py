@@ -1,4 +1,4 @@
-"""What the block tables hold after each step of a scenario (``reference.schedule``).
+"""What the block tables hold after each step of a scenario (``reference.config``).
 
 ``predict(scenario)`` steps the reference's MRv1 and MRv2 models through a scenario the
 way the runners step theirs and returns, per runner, the table widths and per step the
@@ -33,7 +33,7 @@ from reference.block_tables.schedules import (
     mrv2_step_order,
 )
 from reference.errors import ConfigError
-from reference.schedule import first_positions, normalize_scenario, step_token_layout
+from reference.config import first_positions, normalize_scenario, step_token_layout
 
 if TYPE_CHECKING:
     from reference.derive import Derivation

@@ -33,7 +33,7 @@ from conformance.diff import compare_schedule
 from gpu_impl.vllm_cpu.block_tables import observe_block_tables, prewarm, replay_command
 from reference import block_tables as rb
 from reference.block_tables.scenarios import blocks_of, predict, schedule_op
-from reference.schedule import normalize_scenario
+from reference.config import normalize_scenario
 from suites.block_table_scenarios import _attention, _mamba, make_scenario, sample_scenarios
 
 REPO = Path(__file__).resolve().parents[2]
