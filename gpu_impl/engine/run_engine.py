@@ -193,6 +193,7 @@ def run_case(case: dict[str, Any], workdir: Path) -> dict[str, Any]:
         "engine_args": {k: v for k, v in kwargs.items() if k != "kv_transfer_config"},
         "model_config": config,
         "prompt_lens": [len(p) for p in prompts],
+        "asked": {"prompts": len(prompts), "max_new_tokens": MAX_NEW_TOKENS},
         "outputs": generated,
         "timings": timings,
     }

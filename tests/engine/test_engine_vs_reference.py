@@ -16,8 +16,9 @@ V (a probe of one block, ``RecordingConnector._probe_kv_placement``) must be exa
 reference's K and V regions of that block (``Derivation.block_bytes``). The scheduler's block ids must lie in ``[1, num_blocks)`` (0 is the null
 block), cover each request's scheduled tokens, and never be shared by two live requests
 (the prompts share no prefix). Where the reference predicts a startup error, the engine
-must fail with the same opening words. The checks are ``conformance.engine_run.
-compare_recording``'s, the code behind ``kvconform run --engine``.
+must refuse for the predicted reason (its root cause, the first error it logged). The
+checks are the one comparator's (``conformance.diff.compare``) on the driver's
+``Observation`` (``gpu_impl.engine.observation_of``), as behind ``kvconform run --engine``.
 
 Every failure prints the case JSON and a one-line replay command.
 """
@@ -32,7 +33,9 @@ from reference.config import CaseConfig
 from reference.derive import derive
 from reference.errors import StartupError
 
-from conformance.engine_run import ENGINE_VERSION, compare_recording, engine_cases
+from conformance.diff import compare
+from conformance.engine_run import ENGINE_VERSION, engine_cases
+from gpu_impl.engine import observation_of
 
 # One definition of the engine cases (conformance.engine_run, also behind `kvconform run
 # --engine`): the three that start, and the two vLLM refuses (CPU_ATTN needs MultipleOf(32)
@@ -85,11 +88,11 @@ def test_case_names_are_vllm_layer_names():
 @pytest.mark.parametrize("case", list(_params(CASES)))
 def test_engine_matches_reference(case: CaseConfig, engine_results: dict):
     """Registration, KV cache config, K/V bytes, forward-step block tables, scheduler block
-    ids and outputs, through ``compare_recording`` (the code behind ``kvconform run --engine``)."""
+    ids and outputs: the driver's Observation through the one comparator (as ``kvconform run --engine``)."""
     rec = _recording(engine_results, case)
     if not rec.get("ok"):
         pytest.fail(_report(case, rec, ["the engine did not run the case"]), pytrace=False)
-    problems = [d.message for d in compare_recording(case, rec).divergences]
+    problems = [d.message for d in compare(case, "mrv1", observation_of(case.name, rec)).divergences]
     engine_vllm = rec.get("engine", {}).get("vllm")
     if engine_vllm != ENGINE_VERSION:
         problems.append(f"engine.vllm: reference={ENGINE_VERSION!r} engine={engine_vllm!r}")
@@ -102,9 +105,10 @@ def test_engine_refuses_like_reference(case: CaseConfig, engine_results: dict):
     with pytest.raises(StartupError):
         derive(case, "mrv1")
     rec = _recording(engine_results, case)
-    # The engine's root cause is in its log; compare_recording matches its opening words.
-    comparison = compare_recording(case, rec)
+    # The engine's root cause (the first error it logged) must give the predicted reason.
+    observation = observation_of(case.name, rec)
+    comparison = compare(case, "mrv1", observation)
     if comparison.status != "pass":
         problems = [d.message for d in comparison.divergences] + [comparison.detail]
         pytest.fail(_report(case, rec, problems), pytrace=False)
-    assert comparison.detail.startswith("refused as predicted"), comparison.detail
+    assert observation.error is not None and comparison.detail == observation.error

@@ -5,7 +5,8 @@ itself; everything it relies on is tested here:
 
 - the reference byte addresses of a (layer, slot) (``reference.token_bytes``);
 - the data check, observation (``gpu_impl.cuda.datacheck``: where vLLM's views put a
-  written token) judged by ``conformance.gpu_verdict``, on REAL CPU tensors built the way the
+  written token), converted by the driver (``gpu_impl.recording``) and judged by the one
+  comparator (``conformance.diff``), on REAL CPU tensors built the way the
   runners build them: vLLM's ``get_kv_cache_config_from_groups`` ->
   ``prepare_kernel_block_sizes`` -> ``allocate_kv_cache(device=cpu)`` ->
   ``map_kv_caches_to_kernel_blocks``, with marker K/V written through the bound view
@@ -30,6 +31,8 @@ from types import SimpleNamespace
 import pytest
 
 from conformance import gpu_verdict as summary
+from conformance.diff import judge_token_writes
+from gpu_impl.recording import _token_writes
 from gpu_impl.cuda import models, scenarios
 from reference import token_bytes as addresses
 from reference.config import CaseConfig, uniform_layers
@@ -212,13 +215,26 @@ def test_sample_slots_covers_both_kernel_halves():
 # --- the data check on vLLM's own CPU tensors ------------------------------------------------
 
 
+def _shifted(observed: dict, shift_bytes: int) -> dict:
+    """The observation with every byte run moved (a view one element off from vLLM's)."""
+    out = json.loads(json.dumps(observed))
+    for token in out["tokens"]:
+        for head in token.get("heads", []):
+            for part in ("k", "v"):
+                head[part] = [[a + shift_bytes, b + shift_bytes] for a, b in head[part]]
+    return out
+
+
 def judged(d, layer: str, registered, slots, head_size, *, bound=None, shift_bytes: int = 0, limit=None) -> list[list[str]]:
-    """The worker's observation of ``slots`` judged by the verdict code: problems per token."""
+    """The worker's observation of ``slots`` judged by the one comparator: problems per token."""
     observed = datacheck().observe_layer(
         layer, registered, slots, head_size, addresses.layer_block_size(d, layer), bound=bound, limit=limit
     )
     assert observed["sampled"] == (sorted(set(s for s in slots if s >= 0)) if limit is None else observed["sampled"])
-    return [summary.judge_token(d, layer, token, shift_bytes=shift_bytes) for token in observed["tokens"]], observed
+    writes = _token_writes([dict(_shifted(observed, shift_bytes), call=0)])
+    found = judge_token_writes(d.case, "mrv1", d, writes)
+    per_token = [[x.message for x in found if x.field.startswith(f"{w.layer} call 0 slot {w.slot}")] for w in writes]
+    return per_token, observed
 
 
 @pytest.mark.parametrize("name", sorted(DATA_CASES))
@@ -238,12 +254,12 @@ def test_data_check_passes_on_vllm_views(written, name):
 
 @pytest.mark.parametrize("name", ["flashinfer-b128-k64", "flashinfer-b128-k64-hnd", "mla-b128-k64", "mla-gqa-draft-b128-k64"])
 def test_data_check_fails_one_element_off(written, name):
-    """The corrupted prediction: every reference address one element (2 bytes) late."""
+    """A corrupted observation: every address one element (2 bytes) late."""
     w = written(name)
     for layer in w.kv:
         problems, _ = judged(w.d, layer, w.kv[layer], w.slots[layer], head_size_of(w.d, layer), shift_bytes=2)
         assert problems and all(problems), layer
-        assert all("the reference at" in p[0] for p in problems)
+        assert all(" K is " in p[0] and "reference expects" in p[0] for p in problems)
 
 
 def test_data_check_fails_where_nothing_was_written(written):
@@ -251,10 +267,7 @@ def test_data_check_fails_where_nothing_was_written(written):
     layer = "model.layers.0.self_attn.attn"
     (problems,), observed = judged(w.d, layer, w.kv[layer], [2 * 128 + 3], 128)  # block 2: never written
     assert not observed["tokens"][0]["k_nonzero"]
-    assert problems == [
-        "K: all zero where the registered view puts it (nothing written there)",
-        "V: all zero where the registered view puts it (nothing written there)",
-    ]
+    assert [p.split(": ", 2)[-1] for p in problems] == ["K written is False, reference expects True", "V written is False, reference expects True"]
 
 
 @pytest.mark.parametrize("name, caught", [("flashinfer-b128-k64-hnd", True), ("flashinfer-b128-k64", False)])
@@ -362,7 +375,7 @@ def test_checking_connector_records_and_checks(tmp_path, written, name):
     # The summarizer's verdict on this record, as the GPU report would carry it.
     report = {"ok": True, "spec": scenarios.build_run_spec(name.removeprefix("gpu-"), "mrv2", SM90), "worker": record}
     analysis = summary.analyze_run(report)
-    assert analysis["status"] == "pass", analysis
+    assert analysis["status"] == "pass", [d["message"] for d in analysis["divergences"]]
     expected = sum(
         2 * len(datacheck().sample_slots(w.slots[n], addresses.layer_block_size(w.d, n), w.d.registered[n].kernel_block_size, 4))
         for n in w.kv
@@ -464,11 +477,23 @@ def test_run_one_engine_kwargs_and_records(tmp_path):
 # --- the summarizer ---------------------------------------------------------------------------
 
 
+def reference_view(view) -> dict:
+    """A reference ``TensorView`` in the recorder's ``describe_tensor`` terms."""
+    return {
+        "shape": list(view.shape),
+        "stride": list(view.stride),
+        "dtype": view.dtype,
+        "storage_offset": view.storage_offset,
+        "byte_offset": view.byte_offset,
+        "storage_nbytes": view.storage_nbytes,
+    }
+
+
 def fake_worker(case: CaseConfig, runner: str) -> dict:
     """A worker record as the connector writes it, built from the reference (a perfect engine)."""
     d = derive(case, runner)
     registered = {
-        n: dict(summary.reference_view(v), element_size=v.element_size, storage_base=1 << 40, device="cuda:0")
+        n: dict(reference_view(v), element_size=v.element_size, storage_base=1 << 40, device="cuda:0")
         for n, v in d.registered.items()
     }
     groups = [{"layer_names": list(g.layer_names), "kv_cache_spec": {"type": "FullAttentionSpec", "block_size": g.spec.block_size}} for g in d.groups]
@@ -523,10 +548,10 @@ def test_summary_flags_divergences_data_failures_and_runner_differences():
     assert result["runs"]["a"]["status"] == "pass"
     b = result["runs"]["b"]
     assert b["status"] == "fail" and result["exit_code"] == 1
-    assert {"registered_shape", "kernel_block_size"} <= {d["kind"] for d in b["divergences"]}
+    assert {"registered_shape", "byte_range"} <= {d["kind"] for d in b["divergences"]}
     assert b["data"]["failed_calls"] == 1 and "slot 198" in b["data"]["problems"][0]
     diffs = result["runner_differences"]["flashinfer-b128-k64"]
-    assert any(d["field"] == f"registered {layer}.shape" for d in diffs)
+    assert any(d["field"] == f"{layer}.shape" and d["kind"] == "mrv1_mrv2_mismatch" for d in diffs)
     assert "MRv1 != MRv2 for flashinfer-b128-k64" in summary.format_summary(result)
 
 
@@ -552,14 +577,16 @@ def test_summary_statuses_without_a_verdict():
     assert status == {
         "timeout": "timeout",
         "hung_in_shutdown": "pass",
-        "error": "error",
+        "error": "fail",  # vLLM refused what the reference says starts: the one verdict
         "skipped": "skipped",
         "missing": "missing",
         "unchecked": "fail",
         "unwritten": "fail",
         "wrong_runner": "error",
     }
-    assert "ValueError: boom" in result["runs"]["error"]["reasons"][0]
+    (refusal,) = result["runs"]["error"]["divergences"]
+    assert refusal["kind"] == "startup_error" and refusal["observed"] == "ValueError: boom"
+    assert "timeout" not in {d["kind"] for d in result["runs"]["timeout"]["divergences"]}
     assert summary.exit_code(["pass", "timeout"]) == 3
     assert summary.exit_code(["pass", "fail", "error"]) == 1
     assert summary.exit_code([]) == 5 and summary.exit_code(["pass"]) == 0
