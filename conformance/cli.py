@@ -45,13 +45,37 @@ def _load_case(spec: str):
         if not path.is_file():
             raise UsageError(f"config file {spec!r} does not exist")
         try:
-            return CaseConfig.from_json(path.read_text())
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"config file {spec!r} cannot be read: {exc}") from None
+        try:
+            case = CaseConfig.from_json(text)
         except ConfigError as exc:
             raise UsageError(f"{spec}: {exc}") from None
+        # CaseConfig's own words first; the published schema must agree with it.
+        _check_case_schema(text, spec)
+        return case
     try:
         return get_case(spec)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
+
+
+def _check_case_schema(text_or_data: Any, source: str) -> None:
+    """A case file or a report's config against the one case schema (conformance/case.schema.json):
+    the first violation, naming the field, the value and what was expected."""
+    from conformance.report_formats import validate_case
+
+    data = text_or_data
+    if isinstance(text_or_data, str):
+        try:
+            data = json.loads(text_or_data)
+        except ValueError:
+            return  # CaseConfig.from_json names the JSON error
+    errors = validate_case(data) if isinstance(data, dict) else []
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise UsageError(f"{source}: {errors[0].replace('$.', 'case.', 1)}{more}")
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -336,6 +360,7 @@ def divergent_cases(report: Any, source: str) -> list:
             cases.append(CaseConfig.from_dict(result["config"]))
         except (KeyError, ConfigError) as exc:
             raise UsageError(f"{source}: results[{i}] has no valid config: {exc}") from None
+        _check_case_schema(result["config"], f"{source}: results[{i}].config")
     return cases
 
 

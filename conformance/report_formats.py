@@ -42,7 +42,8 @@ _TYPES: dict[str, Any] = {
     "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
 }
 SUPPORTED_KEYWORDS = frozenset(
-    {"type", "required", "properties", "additionalProperties", "items", "enum", "const", "$ref"}
+    {"type", "required", "properties", "additionalProperties", "items", "enum", "const", "$ref",
+     "minimum", "maximum", "minItems", "maxItems", "minLength"}
 )
 ANNOTATIONS = frozenset({"$schema", "$id", "$defs", "title", "description"})
 
@@ -94,6 +95,18 @@ def _check(value: Any, schema: Mapping[str, Any], root: Mapping[str, Any], at: l
         if not any(_TYPES[t](value) for t in types):
             errors.append(f"{where}: {_show(value)} is {_json_type(value)}, expected {' or '.join(types)}")
             return
+    if _TYPES["number"](value):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{where}: {_show(value)} is less than the minimum {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{where}: {_show(value)} is more than the maximum {schema['maximum']}")
+    if isinstance(value, str) and len(value) < schema.get("minLength", 0):
+        errors.append(f"{where}: {_show(value)} is shorter than {schema['minLength']} character(s)")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            errors.append(f"{where}: {len(value)} item(s), expected at least {schema['minItems']}")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            errors.append(f"{where}: {len(value)} item(s), expected at most {schema['maxItems']}")
     if isinstance(value, dict):
         for key in schema.get("required", ()):
             if key not in value:
@@ -122,6 +135,21 @@ def _json_type(value: Any) -> str:
         if _TYPES[name](value):
             return "a number" if name == "number" else ("an " if name[0] in "aio" else "a ") + name
     return type(value).__name__
+
+
+def validate(data: Any, schema: Mapping[str, Any]) -> list[str]:
+    """Every way ``data`` fails ``schema`` (the keywords of ``SUPPORTED_KEYWORDS``), each
+    naming where, the value and what was expected."""
+    errors: list[str] = []
+    _check(data, schema, schema, [], errors)
+    return errors
+
+
+def validate_case(data: Any) -> list[str]:
+    """Every way ``data`` fails the one case schema (``reference.case_schema``)."""
+    from reference.case_schema import case_schema
+
+    return validate(data, case_schema())
 
 
 def validate_report(data: Any, schema: Mapping[str, Any] | None = None) -> list[str]:

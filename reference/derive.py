@@ -38,6 +38,29 @@ _CONNECTOR_LAYOUT = {"nixl": KVCacheLayout.LBHNC, "mooncake": KVCacheLayout.LBHN
 
 
 @dataclass(frozen=True)
+class LayerBlocks:
+    """One registered layer's blocks as a connector must address them (``Derivation.layer_blocks``)."""
+
+    layer: str
+    kernel_blocks_per_block: int
+    """Kernel blocks per logical (scheduler) block: ``shape[0] // num_blocks`` of the registered view."""
+    kernel_block_tokens: int
+    """Tokens per registered (kernel) block: ``shape[2]``."""
+    block_tokens: int
+    """Tokens per logical block (the KV cache group's block size)."""
+    page_bytes: int
+    """Bytes of one logical block's page of this layer (the spec's page size)."""
+    kernel_page_bytes: int
+    """Bytes of one kernel block's share of that page."""
+    kernel_content_bytes: int
+    """Bytes of K/V content in one kernel block (a page without its padding)."""
+    kernel_block_stride_bytes: int
+    """Bytes from one registered block to the next: ``stride(0) * element_size``."""
+    heads: int
+    """KV heads in the registered view: ``shape[1]``."""
+
+
+@dataclass(frozen=True)
 class Derivation:
     """Everything the reference predicts for one (case, runner)."""
 
@@ -88,6 +111,54 @@ class Derivation:
                 raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
             geometry = self._geometry[layer] = layer_bytes(*inputs)
         return geometry.block(block_id)
+
+    def layer_blocks(self, layer: str) -> "LayerBlocks":
+        """The block arithmetic of one registered layer, in a connector's terms."""
+        view = self._registered_view(layer)
+        ratio = view.shape[0] // self.plan.num_blocks
+        page = self.specs[layer].page_size_bytes
+        return LayerBlocks(
+            layer=layer,
+            kernel_blocks_per_block=ratio,
+            kernel_block_tokens=view.shape[2],
+            block_tokens=self.specs[layer].block_size,
+            page_bytes=page,
+            kernel_page_bytes=page // ratio,
+            kernel_content_bytes=self.block_bytes(layer, 0).page.nbytes // ratio,
+            kernel_block_stride_bytes=view.stride[0] * view.element_size,
+            heads=view.shape[1],
+        )
+
+    def head_slice(self, layer: str, block: int, first_head: int, end_head: int) -> list[tuple[int, int]]:
+        """Pool bytes of heads ``[first_head, end_head)`` of logical block ``block`` of
+        ``layer`` (all its kernel blocks), as ``(start, stop)`` runs from the pool's first
+        byte, in address order of (kernel block, head, token)."""
+        view = self._registered_view(layer)
+        if not 0 <= block < self.plan.num_blocks:
+            raise ConfigError(f"block id {block} is outside [0, {self.plan.num_blocks})")
+        if not 0 <= first_head <= end_head <= view.shape[1]:
+            raise ConfigError(f"heads [{first_head}, {end_head}) are not within the view's {view.shape[1]} heads")
+        es = view.element_size
+        s_block, s_head, s_token, _ = (st * es for st in view.stride)
+        tokens, content = view.shape[2], view.shape[3] * es
+        ratio = view.shape[0] // self.plan.num_blocks
+        out: list[tuple[int, int]] = []
+        for k in range(block * ratio, (block + 1) * ratio):
+            for h in range(first_head, end_head):
+                at = view.byte_offset + k * s_block + h * s_head
+                if s_token == content:  # the head's tokens are contiguous: one run
+                    out.append((at, at + tokens * content))
+                else:
+                    out.extend((at + n * s_token, at + n * s_token + content) for n in range(tokens))
+        return out
+
+    def _registered_view(self, layer: str) -> TensorView:
+        view = self.registered.get(layer)
+        if view is None:
+            raise ConfigError(f"layer {layer!r} is not one of the registered layers {sorted(self.registered)}")
+        if len(view.shape) != 4:
+            raise NotModeledError(f"layer {layer!r} is not registered as a [blocks, heads, tokens, content] view (shape {view.shape})")
+        return view
 
     @property
     def draft_kernel_block_sizes(self) -> dict[str, int]:

@@ -21,6 +21,8 @@ DTYPE_SIZE: dict[str, int] = {
 MODEL_DTYPES = ("float16", "bfloat16", "float32")
 
 _ALIASES = {"half": "float16", "float": "float32", "fp16": "float16", "bf16": "bfloat16"}
+MODEL_DTYPE_NAMES = MODEL_DTYPES + tuple(_ALIASES)
+"""Every model dtype a case may name (the aliases included)."""
 
 # Cache dtype name -> storage dtype (None: the model dtype).
 _CACHE_STORAGE: dict[str, str | None] = {

@@ -249,26 +249,24 @@ def replay_command(connector_label: str, case) -> str:
 
 
 class _LayerFacts:
-    """What the reference says about one registered layer, in the terms a connector uses."""
+    """What the reference says about one registered layer (``Derivation.layer_blocks``),
+    with the addresses of the tensor the connector was handed."""
 
     def __init__(self, derivation, name: str, view_tensor, base: int) -> None:
-        view = derivation.registered[name]
+        blocks = derivation.layer_blocks(name)
         self.name = name
-        self.view = view
+        self.view = derivation.registered[name]
         self.base = base
-        self.es = view.element_size
-        self.ratio = view.shape[0] // derivation.num_blocks
-        self.kernel_tokens = view.shape[2]
-        spec = derivation.specs[name]
-        self.logical_tokens = spec.block_size
-        self.page = spec.page_size_bytes
-        self.stride0 = view.stride[0] * self.es
+        self.es = self.view.element_size
+        self.ratio = blocks.kernel_blocks_per_block
+        self.kernel_tokens = blocks.kernel_block_tokens
+        self.logical_tokens = blocks.block_tokens
+        self.page = blocks.page_bytes
+        self.stride0 = blocks.kernel_block_stride_bytes
         self.data_ptr = view_tensor.data_ptr()
-        self.heads = view.shape[1]
-        self.content = view.shape[3] * self.es
-        first = derivation.block_bytes(name, 0)
-        self.kernel_content = first.page.nbytes // self.ratio
-        self.kernel_page = self.page // self.ratio
+        self.heads = blocks.heads
+        self.kernel_content = blocks.kernel_content_bytes
+        self.kernel_page = blocks.kernel_page_bytes
 
 
 def _diagnose_descriptors(f: _LayerFacts, layout: str, block: int, expected: list, observed: list, kind: str) -> str:
@@ -315,22 +313,6 @@ def _diagnose_descriptors(f: _LayerFacts, layout: str, block: int, expected: lis
         f"{intervals.total(missing)} {what} of the block are not transferred and {intervals.total(extra)} bytes of other data are: "
         f"block {block} of this layer is {_show(expected, f.base)}"
     )
-
-
-def _head_slice(f: "_LayerFacts", block: int, h0: int, h1: int) -> list[tuple[int, int]]:
-    """Bytes of view heads ``[h0, h1)`` of logical block ``block`` (all its kernel blocks)."""
-    es = f.es
-    sB, sH, sN, sC = (s * es for s in f.view.stride)
-    tokens, content = f.view.shape[2], f.view.shape[3] * es
-    out = []
-    for k in range(block * f.ratio, block * f.ratio + f.ratio):
-        for h in range(h0, h1):
-            at = f.data_ptr + k * sB + h * sH
-            if sN == content:
-                out.append((at, at + tokens * content))
-            else:
-                out.extend((at + n * sN, at + n * sN + content) for n in range(tokens))
-    return out
 
 
 def _diagnose_heads(f: "_LayerFacts", layout: str, block: int, h0: int, h1: int, expected: list, observed: list) -> str:
@@ -510,7 +492,7 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                 continue
             for b in range(derivation.num_blocks):
                 for h0, h1 in ((0, heads // 2), (heads // 2, heads)):
-                    exp = intervals.merge(_head_slice(f, b, h0, h1))
+                    exp = intervals.merge((base + lo, base + hi) for lo, hi in derivation.head_slice(name, b, h0, h1))
                     try:
                         obs = _to_intervals(adapter.head_descriptors(name, b, h0, h1), "head_descriptors")
                     except ADAPTER_ERRORS as exc:
