@@ -631,7 +631,7 @@ def check_runners_agree(
         if seed is not None:
             lines.append(f"seed: {seed}" + (f" (profile {profile}; rerun with --kvconform-seed {seed})" if profile else ""))
         lines.append(f"config: {case.to_json()}")
-        from conformance.vllm_run import replay_command
+        from conformance.replay import replay_command
 
         lines.append(f"replay: {replay_command(case)}")
         raise AssertionError("\n".join(lines))

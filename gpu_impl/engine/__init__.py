@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -57,7 +56,6 @@ __all__ = [
     "observe_engine",
     "observe_engines",
     "record_engines",
-    "replay_command",
 ]
 
 
@@ -85,16 +83,6 @@ def _case_dict(case: Any) -> dict[str, Any]:
     if isinstance(case, Mapping):
         return dict(case)
     raise TypeError(f"a case must be a CaseConfig or a mapping, got {type(case).__name__}")
-
-
-def replay_command(case: Any) -> str:
-    """One shell line that reruns ``case`` alone in the engine and prints where the result went."""
-    text = json.dumps(_case_dict(case), sort_keys=True, separators=(",", ":"))
-    out = "/tmp/kvconform-engine-replay.json"
-    return (
-        f"bash scripts/engine_env.sh python gpu_impl/engine/run_engine.py {shlex.quote(text)} {out}"
-        f" && python -m json.tool {out} | less"
-    )
 
 
 def _split_log(log: str) -> dict[str, str]:
@@ -131,8 +119,8 @@ def record_engines(cases: Iterable[Any], *, timeout: float | None = None) -> dic
     """Run every case in ONE engine process (each engine start costs ~15-25 s on CPU).
 
     Returns ``{case name: recording}``. A recording is ``run_engine``'s result for the
-    case plus ``log`` (that case's part of the engine's stdout/stderr, up to 200 kB)
-    and ``replay`` (``replay_command``). Where the venv is missing, every case maps to
+    case plus ``log`` (that case's part of the engine's stdout/stderr, up to 200 kB).
+    Where the venv is missing, every case maps to
     ``{"unsupported": reason}``; on a timeout or crash, the cases that did not finish
     map to ``{"ok": False, "error": ...}`` with the log tail.
     """
@@ -185,7 +173,6 @@ def record_engines(cases: Iterable[Any], *, timeout: float | None = None) -> dic
         rec["engine"] = out.get("engine", {})
         rec["wall_s"] = elapsed
         rec["log"] = logs.get(name, "")[-200_000:]
-        rec["replay"] = replay_command(d)
         results[name] = rec
     return results
 

@@ -35,6 +35,7 @@ from reference.errors import StartupError
 
 from conformance.diff import compare
 from conformance.engine_run import ENGINE_VERSION, engine_cases
+from conformance.replay import replay_command
 from gpu_impl.engine import observation_of
 
 # One definition of the engine cases (conformance.engine_run, also behind `kvconform run
@@ -64,7 +65,7 @@ def _report(case: CaseConfig, rec: dict, problems: list[str]) -> str:
         tail = [l for l in rec.get("log", "").splitlines() if "Error" in l][-5:]
         lines += [f"    {l}" for l in tail]
     lines.append(f"case: {case.to_json()}")
-    lines.append(f"replay (engine): {rec.get('replay', '?')}")
+    lines.append(f"replay (engine): {replay_command(case, engine=True)}")
     lines.append(f"replay (test):   python -m pytest tests/engine -k {shlex.quote(case.name)}")
     return "\n".join(lines)
 

@@ -38,7 +38,7 @@ def test_run_reports_conformance_as_json() -> None:
 
 def test_run_flags_a_divergent_case_with_replay(tmp_path: Path) -> None:
     # A case file whose name is not a named case gets a replay line built from its JSON.
-    from conformance.vllm_run import replay_command
+    from conformance.replay import replay_command
     from suites.named_cases import CASES
 
     case = CASES["flashinfer-b16"].with_(name="custom", num_blocks=3)

@@ -20,6 +20,7 @@ import pytest
 
 from gpu_impl.vllm_cpu import shims
 from gpu_impl.vllm_cpu.backends import declared, size_repr
+from conformance.replay import replay_command
 from gpu_impl.vllm_cpu.planning import Observation, observe
 from reference import backends as ref_backends
 from reference.config import CaseConfig, LayerConfig
@@ -40,18 +41,15 @@ KNOWN_DISAGREEMENTS: dict[str, str] = {}
 KNOWN_TABLE_DISAGREEMENTS: dict[str, str] = {}
 
 
-def replay_command(case: CaseConfig, runner: str) -> str:
-    return (
-        f"cd {shlex.quote(str(REPO))} && PYTHONPATH=. {shlex.quote(sys.executable)} -m gpu_impl.vllm_cpu.planning "
-        f"{shlex.quote(case.to_json())} {runner}"
-    )
-
-
 def _report(case: CaseConfig, runner: str, problems: list[str]) -> str:
     lines = [f"case {case.name!r} ({runner}): reference and vLLM disagree"]
     lines += [f"  - {p}" for p in problems]
     lines.append(f"case JSON: {case.to_json()}")
-    lines.append(f"replay (vLLM side): {replay_command(case, runner)}")
+    lines.append(f"replay: {replay_command(case)}")
+    lines.append(
+        f"replay (vLLM side only): cd {shlex.quote(str(REPO))} && PYTHONPATH=. {shlex.quote(sys.executable)} "
+        f"-m gpu_impl.vllm_cpu.planning {shlex.quote(case.to_json())} {runner}"
+    )
     lines.append(
         f"replay (reference): cd {shlex.quote(str(REPO))} && python -c "
         + shlex.quote(

