@@ -48,3 +48,14 @@ def test_starting_where_a_refusal_is_predicted_does_not_conform() -> None:
 def test_the_reason_is_the_opening_words() -> None:
     assert refusal_reason("No common block size for 96 (FLASHMLA: [64]).") == ("No", "common", "block", "size")
     assert refusal_reason("") == ()
+
+
+def test_an_invalid_case_is_a_usage_error_not_a_verdict() -> None:
+    """A case the reference cannot even read (here: an unknown backend) raises ConfigError
+    from the comparator; the CLI turns it into exit 4 before anything runs."""
+    from reference.config import CaseConfig, LayerConfig
+    from reference.errors import ConfigError
+
+    case = CaseConfig(name="typo", layers=(LayerConfig(name="l0", backend="FLASHINFERR"),))
+    with pytest.raises(ConfigError, match="FLASHINFERR"):
+        compare(case, "mrv1", _observed(None))
