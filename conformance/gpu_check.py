@@ -14,11 +14,14 @@ Steps: (1) a CUDA GPU must be visible (``nvidia-smi -L`` lists one and
 process (clean GPU memory), up to ``--jobs`` at a time, each killed after
 ``--timeout-s``; no run starts once less than ``MIN_START_S`` of ``--budget-s`` is left
 (it is reported ``skipped``). (3) ``OUT/<run_id>.json`` gets each run's report plus its
-``analysis``; ``OUT/summary.json`` / ``OUT/summary.txt`` the verdicts and the MRv1 vs MRv2
-differences; the text summary is printed.
+``analysis``; ``OUT/summary.json`` / ``OUT/summary.txt`` the run statuses, data-check counts
+and the MRv1 vs MRv2 differences; the text summary is printed. (4) ``OUT/report.json`` is
+the ``kvconform.report/1`` of the same observations, made by ``kvconform run``'s own loop
+(``GpuSource``: one comparator, the shipped expectations, one replay line per scenario), so
+``kvconform report OUT/report.json --html ...`` renders it.
 
-Exit status (pytest's): 0 all runs pass, 1 a divergence or failed data check, 2
-interrupted, 3 some run gave no verdict (error/timeout/skipped), 4 usage, 5 no GPU.
+Exit status (pytest's): 0 all runs pass, 1 an unexpected divergence (the report's verdict),
+2 interrupted, 3 some run gave no verdict (error/timeout/skipped), 4 usage, 5 no GPU.
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from conformance.gpu_verdict import IMPLEMENTATION, format_summary, run_observation, summarize
+from conformance.vllm_run import ObservationSource
 from gpu_impl.cuda import scenarios as sc
-from conformance.gpu_verdict import format_summary, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET_S = 450.0
@@ -280,6 +284,102 @@ def _selected(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(names)), list(dict.fromkeys(args.runner or sc.RUNNERS))
 
 
+NO_VERDICT = ("error", "timeout", "missing", "skipped")
+
+
+class GpuSource(ObservationSource):
+    """The GPU runs already made (``run_all``), as observations for ``kvconform run``'s loop.
+
+    A run without a verdict (it timed out, crashed before registering, was skipped for the
+    budget or wrote no report) is ``unsupported`` with the reason, never a pass."""
+
+    schedules_supported = False
+
+    def __init__(self, reports: dict[str, Any], analyses: dict[str, Any], device: dict[str, Any] | None) -> None:
+        self.reports, self.analyses, self.device = reports, analyses, dict(device or {})
+
+    def prepare(self) -> None:
+        pass  # the engine ran in its own processes
+
+    def environment(self, cases: Sequence[Any]) -> dict[str, Any]:
+        import platform
+
+        return {
+            "implementation": IMPLEMENTATION,
+            "python": platform.python_version(),
+            "reference_vllm": ",".join(sorted({c.vllm_version for c in cases})),
+            "vllm": self.device.get("vllm"),
+            "torch": self.device.get("torch"),
+            "flashinfer": self.device.get("flashinfer"),
+            "gpu": self.device.get("device"),
+        }
+
+    def header(self, cases: Sequence[Any], env: dict[str, Any]) -> str:
+        return f"kvconform: the vLLM engine on {env.get('gpu') or 'a GPU'} against the reference, {len(cases)} scenario(s)"
+
+    def observe(self, cases: Sequence[Any], bar: Any, env: dict[str, Any], **_: Any):
+        from conformance.schedules import plan_schedules
+        from gpu_impl.observation import Observation
+
+        for case in cases:
+            bar.advance(case.name)
+            scenario = case.name.removeprefix("gpu-")
+            observations = {}
+            for runner in sc.RUNNERS:
+                rid = sc.run_id(scenario, runner)
+                analysis = self.analyses.get(rid)
+                report = self.reports.get(rid)
+                if analysis is None or report is None or analysis["status"] in NO_VERDICT:
+                    why = "; ".join((analysis or {}).get("reasons") or []) or "not run"
+                    status = (analysis or {}).get("status", "not run")
+                    observations[runner] = Observation(case.name, runner, unsupported=f"{status}: {why}", implementation=IMPLEMENTATION)
+                else:
+                    observations[runner] = run_observation(report, case, runner)
+            yield case, plan_schedules(case, 0, 0), observations
+
+    def replay(self, case: Any, seed: int | None = None, schedules: int | None = None) -> str:
+        return f"bash scripts/gpu_check.sh --scenario {case.name.removeprefix('gpu-')}"
+
+
+def write_report(reports: dict[str, Any], summary: dict[str, Any], device: dict[str, Any] | None, target: Path) -> int:
+    """``target``: the ``kvconform.report/1`` of the GPU runs; returns the run loop's exit code."""
+    from conformance.expectations import DEFAULT_PATH, load
+    from conformance.vllm_run import run_against_vllm
+    from reference.config import CaseConfig
+
+    cases: dict[str, Any] = {}
+    for report in reports.values():
+        spec = (report or {}).get("spec") or {}
+        try:
+            case = CaseConfig.from_dict(spec["case"])
+        except Exception:  # noqa: BLE001 - its analysis already says the spec is bad
+            continue
+        cases.setdefault(case.name, case)
+    if not cases:
+        return 5
+    return run_against_vllm(
+        list(cases.values()),
+        json_target=str(target),
+        quiet=True,
+        expectations=load(DEFAULT_PATH),
+        expectations_source="conformance/expectations.toml (shipped)",
+        selection="the GPU scenarios",
+        source=GpuSource(reports, summary["runs"], device),
+    )
+
+
+def exit_status(report_code: int, statuses: Sequence[str]) -> int:
+    """1 when the report holds an unexpected divergence; else 3 when a run gave no verdict;
+    5 when nothing ran; else 0."""
+    if report_code == 1:
+        return 1
+    if not statuses:
+        return 5
+    if any(s in NO_VERDICT for s in statuses):
+        return 3
+    return 5 if report_code == 5 else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -324,13 +424,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             report = dict(report, analysis=summary["runs"][rid])
             (out / f"{rid}.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=repr))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=repr))
+    code = exit_status(write_report(reports, summary, device, out / "report.json"), [a["status"] for a in summary["runs"].values()])
+    summary["exit_code"] = code
     text = format_summary(summary)
     (out / "summary.txt").write_text(text + "\n")
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=repr))
     print(text, flush=True)
-    return int(summary["exit_code"])
+    print(f"{PREFIX}: report {out / 'report.json'} (kvconform report {out / 'report.json'} --html report.html)", flush=True)
+    return code
 
 
-__all__ = ["DEFAULT_BUDGET_S", "child_env", "cuda_device", "gpu_problem", "main", "run_all"]
+__all__ = ["DEFAULT_BUDGET_S", "GpuSource", "child_env", "cuda_device", "exit_status", "gpu_problem", "main", "run_all", "write_report"]
 
 
 if __name__ == "__main__":

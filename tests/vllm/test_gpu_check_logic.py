@@ -660,3 +660,40 @@ def test_cli_usage_and_list():
     assert cli.main(["--jobs", "0"]) == 4
     assert cli.main(["--bogus-flag"]) == 4
     assert cli.main(["--list"]) == 0
+
+
+def test_the_gpu_runs_make_a_kvconform_report_through_the_one_run_loop(tmp_path, monkeypatch):
+    """OUT/report.json: the same run loop, comparator, expectations and replay lines as `kvconform run`."""
+    from conformance import gpu_check
+    from conformance.report_formats import validate_report
+
+    monkeypatch.setenv("KVCONFORM_VLLM_LOG", str(tmp_path / "vllm.log"))
+    specs = [scenarios.build_run_spec(n, r, SM90) for n in ("fa-b16", "flashinfer-b128-k64") for r in scenarios.RUNNERS]
+    reports = {s["run_id"]: fake_report(s["scenario"], s["runner"]) for s in specs}
+    reports["fa-b16-mrv2"] = {"spec": reports["fa-b16-mrv2"]["spec"], "skipped": "time budget"}
+    device = {"device": "H200", "capability": [9, 0], "vllm": "0.33.0", "torch": "2.14.0"}
+    summary_of = summary.summarize(reports, device)
+    code = gpu_check.write_report(reports, summary_of, device, tmp_path / "report.json")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert validate_report(report) == [] and code == 0
+    assert report["environment"]["implementation"] == "vllm engine on cuda"
+    rows = {r["case"]: r for r in report["results"]}
+    assert rows["gpu-fa-b16"]["runners"]["mrv2"]["status"] == "unsupported"  # skipped: no verdict, never a pass
+    assert "time budget" in rows["gpu-fa-b16"]["runners"]["mrv2"]["detail"]
+    assert rows["gpu-flashinfer-b128-k64"]["runners"]["mrv1"]["status"] == "pass"
+    assert rows["gpu-flashinfer-b128-k64"]["replay"] == "bash scripts/gpu_check.sh --scenario flashinfer-b128-k64"
+    assert gpu_check.exit_status(code, [a["status"] for a in summary_of["runs"].values()]) == 3
+
+    # The #42846 shape in MRv2: an unexpected divergence and an MRv1/MRv2 mismatch in the report.
+    layer = "model.layers.0.self_attn.attn"
+    bad = fake_report("flashinfer-b128-k64", "mrv2")
+    bad["worker"]["registered"][layer].update(shape=[16, 8, 128, 256], stride=[131072, 256, 2048, 1])
+    reports["flashinfer-b128-k64-mrv2"] = bad
+    summary_of = summary.summarize(reports, device)
+    code = gpu_check.write_report(reports, summary_of, device, tmp_path / "report.json")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert code == 1 and validate_report(report) == []
+    row = next(r for r in report["results"] if r["case"] == "gpu-flashinfer-b128-k64")
+    assert row["runners"]["mrv2"]["status"] == "fail"
+    assert any(m["field"] == f"{layer}.shape" for m in row["mrv1_mrv2_mismatches"])
+    assert gpu_check.exit_status(code, [a["status"] for a in summary_of["runs"].values()]) == 1
