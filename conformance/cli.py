@@ -527,6 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # with the report written as far as it got ("complete": false).
     if _in_main_thread():
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    from gpu_impl.vllm_api import NotDrivable  # no vLLM import: a few standard modules
+
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -537,7 +539,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"kvconform: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except NothingRan as exc:
+    except (NothingRan, NotDrivable) as exc:  # NotDrivable: the installed vLLM lacks what a driver uses
         print(f"kvconform: nothing ran: {exc}", file=sys.stderr)
         return EXIT_NOTHING_RAN
     except KeyboardInterrupt:

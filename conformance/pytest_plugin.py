@@ -488,10 +488,16 @@ def vllm_problem() -> str | None:
         return f"vllm is not importable ({type(exc).__name__}: {exc}); {needs}"
     if getattr(vllm, "__file__", None) is None:
         return f"vllm is not installed (only a namespace package); {needs}"
-    version = getattr(vllm, "__version__", "?")
-    if version != VLLM_VERSION:
-        return f"vllm {version} is installed; the driver targets {VLLM_VERSION}"
-    return None
+    # Not a version pin: whether this vLLM provides what the drivers import.
+    from gpu_impl.vllm_api import api_problem
+
+    return api_problem("layout")
+
+
+def vllm_absent() -> bool:
+    """True when vLLM is not installed at all (skipping is right); False when it is
+    installed, drivable or not (a vLLM that cannot be driven must fail, not skip)."""
+    return not _installed("vllm")
 
 
 def observe_case(case: Any, runner: str = "mrv1") -> Any:

@@ -348,8 +348,14 @@ def _worker_start() -> None:
 
 
 def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar", seed: int = 0, schedules: int = 0):
-    """``(case, plan, {runner: Observation})`` in case order, observed here or in a process pool."""
+    """``(case, plan, {runner: Observation})`` in case order, observed here or in a process pool.
+
+    First, in the process that observes, whether the installed vLLM provides what the
+    drivers import (``gpu_impl.vllm_api``): if not, ``NotDrivable`` with one line."""
+    from gpu_impl import vllm_api
+
     if workers <= 1 or len(cases) <= 1:
+        vllm_api.require("layout")
         for case in cases:
             bar.advance(case.name)
             yield (case, *_observe_both(case, seed, schedules))
@@ -360,6 +366,9 @@ def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar"
     # spawn: fresh interpreters (a forked torch/vLLM is not safe to use).
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
     try:
+        problem = pool.submit(vllm_api.api_problem, "layout").result()
+        if problem is not None:
+            raise vllm_api.NotDrivable(problem)
         chunk = max(1, min(16, len(cases) // (workers * 4)))
         tasks = [(case, seed, schedules) for case in cases]
         for case, (plan, observations) in zip(cases, pool.map(_observe_task, tasks, chunksize=chunk)):

@@ -534,6 +534,13 @@ def validate_registration(
     label = _label(connector)
     if isinstance(connector, str):
         connector = load_connector(connector)
+    driver = getattr(connector, "requires_vllm_driver", None)
+    if driver is not None:
+        # A built-in adapter drives vLLM's own connector: on a vLLM without the API it
+        # uses, nothing can be checked (NotDrivable: exit 5), and the connector is not blamed.
+        from gpu_impl.vllm_api import require
+
+        require(driver)
     report = ConnectorReport(label)
     for case in _cases(cases):
         seen: list[Mapping[str, Any]] = []

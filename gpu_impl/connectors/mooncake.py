@@ -35,6 +35,9 @@ class RecordingTransferEngine:
 class MooncakeAdapter:
     """``validate_registration`` adapter around the real Mooncake P2P worker's registration."""
 
+    requires_vllm_driver = "mooncake"
+    """What the installed vLLM must provide (``gpu_impl.vllm_api``) for this adapter to run."""
+
     def __init__(self, ctx: RegistrationContext) -> None:
         self.ctx = ctx
         self.worker: Any = None

@@ -83,6 +83,9 @@ class NixlAdapter:
 
     worker_path = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker:NixlConnectorWorker"
 
+    requires_vllm_driver = "nixl"
+    """What the installed vLLM must provide (``gpu_impl.vllm_api``) for this adapter to run."""
+
     def __init__(self, ctx: RegistrationContext) -> None:
         self.ctx = ctx
         self.worker: Any = None

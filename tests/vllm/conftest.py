@@ -1,8 +1,10 @@
-"""Tests that diff the reference model against the real vLLM 0.33.0, driven on CPU.
+"""Tests that diff the reference model against the real vLLM, driven on CPU.
 
-Every test in this folder is skipped, with a reason, when vLLM is not importable or
-is not the release the reference was read from (an autouse fixture: a module-level
-skip in a conftest named on the command line would abort the whole pytest run).
+Every test in this folder is skipped, with a reason, when vLLM is not installed, and
+fails with one line when vLLM is installed but does not provide what the drivers import
+(``gpu_impl.vllm_api``): a CI job against an undrivable release must not be green with
+nothing checked (an autouse fixture: a module-level skip in a conftest named on the
+command line would abort the whole pytest run).
 The CPU shim set is applied once per session; the environment part is set here,
 before anything imports vLLM, and the full list is printed in the pytest header.
 """
@@ -19,7 +21,7 @@ from reference.backends import VLLM_VERSION
 # Environment variables vLLM reads at import time must be set before the import.
 shims.prepare_env()
 
-_NEEDS = f"the reference-vs-vLLM diff needs vllm=={VLLM_VERSION} (e.g. tox -e vllm033)"
+_NEEDS = f"the reference-vs-vLLM diff needs vLLM (the reference's facts are vLLM {VLLM_VERSION}'s: pip install 'kvconform[vllm]')"
 
 
 @functools.lru_cache(maxsize=None)
@@ -32,18 +34,22 @@ def _vllm_problem() -> str | None:
 
 @pytest.fixture(scope="session", autouse=True)
 def vllm_cpu_shims() -> list[str]:
-    """Skip the folder without vLLM 0.33.0; otherwise apply the CPU shim set once."""
-    pytest.importorskip("vllm", reason=f"vllm is not importable; {_NEEDS}", exc_type=ImportError)
+    """Skip the folder without vLLM; fail it where vLLM cannot be driven; otherwise apply
+    the CPU shim set once."""
+    from conformance.pytest_plugin import vllm_absent
+
+    if vllm_absent():
+        pytest.skip(f"vllm is not installed; {_NEEDS}")
     problem = _vllm_problem()
     if problem is not None:
-        pytest.skip(problem)
+        pytest.fail(f"vLLM is installed but cannot be driven: {problem}", pytrace=False)
     return shims.apply()
 
 
 def pytest_report_header(config):
     problem = _vllm_problem()
     if problem is not None:
-        return [f"vllm_cpu: tests/vllm will be skipped: {problem}"]
+        return [f"vllm_cpu: tests/vllm cannot run: {problem}"]
     return ["vllm_cpu shims:"] + [f"  - {line}" for line in shims.apply()]
 
 
