@@ -501,10 +501,14 @@ def vllm_absent() -> bool:
 
 
 def observe_case(case: Any, runner: str = "mrv1") -> Any:
-    """``gpu_impl.vllm_cpu.planning.observe``, skipping (with the reason) without vLLM."""
+    """``gpu_impl.vllm_cpu.planning.observe``: skipped (with the reason) without vLLM,
+    failed with the reason where vLLM is installed but cannot be driven."""
+    __tracebackhide__ = True
     problem = vllm_problem()
     if problem is not None:
-        pytest.skip(problem)
+        if vllm_absent():
+            pytest.skip(problem)
+        pytest.fail(f"vLLM is installed but cannot be driven: {problem}", pytrace=False)
     from gpu_impl.vllm_cpu.planning import observe
 
     return observe(_as_case(case), runner)

@@ -191,3 +191,14 @@ def test_an_unwritable_output_is_refused_before_work_starts(args: list[str]) -> 
     assert out.returncode == 4 and len(lines) == 1, (out.returncode, out.stderr[-800:])
     assert "/nonexistent-dir" in lines[0] or "is a directory" in lines[0], lines[0]
     assert out.stdout == ""  # nothing ran
+
+
+@pytest.mark.parametrize("version", ["", "latest", "0.21", "1.0.0; rm -rf /"])
+def test_release_env_refuses_a_bad_version_in_one_line(version: str) -> None:
+    import subprocess
+
+    from test_cli import ROOT
+
+    out = subprocess.run(["bash", "scripts/release_env.sh", version], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 4 and len(lines) == 1 and "usage: bash scripts/release_env.sh VERSION" in lines[0], out.stderr

@@ -211,23 +211,31 @@ def test_assert_conforms_failure_message(pytester: pytest.Pytester) -> None:
     )
 
 
-def test_kv_observed_skips_with_a_reason_without_vllm(pytester: pytest.Pytester) -> None:
+def test_kv_observed_skips_without_vllm_and_fails_where_it_cannot_be_driven(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         import conformance.pytest_plugin as plugin
 
         def test_observe(kv_observed, monkeypatch):
             monkeypatch.setattr(plugin, "vllm_problem", lambda: "vllm is not installed; stand-in")
+            monkeypatch.setattr(plugin, "vllm_absent", lambda: True)
             kv_observed("flashinfer-b128-k64", "mrv1")
 
         def test_assert_with_a_runner(assert_conforms, monkeypatch):
             monkeypatch.setattr(plugin, "vllm_problem", lambda: "vllm is not installed; stand-in")
+            monkeypatch.setattr(plugin, "vllm_absent", lambda: True)
             assert_conforms("flashinfer-b128-k64", "mrv2")
+
+        def test_an_undrivable_vllm_fails(kv_observed, monkeypatch):
+            monkeypatch.setattr(plugin, "vllm_problem", lambda: "vLLM 0.21.0 does not provide what it needs; stand-in")
+            monkeypatch.setattr(plugin, "vllm_absent", lambda: False)
+            kv_observed("flashinfer-b128-k64", "mrv1")
         """
     )
     result = pytester.runpytest("-rs")
-    result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines(["SKIPPED [[]2[]] *: vllm is not installed; stand-in"])
+    result.assert_outcomes(skipped=2, failed=1)
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] *: vllm is not installed; stand-in"] * 2)
+    result.stdout.fnmatch_lines(["*vLLM is installed but cannot be driven: vLLM 0.21.0 does not provide what it needs; stand-in*"])
 
 
 def test_sampled_failures_print_seed_config_and_rerun(pytester: pytest.Pytester) -> None:

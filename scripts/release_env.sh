@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Make (or reuse) a cached venv holding one vLLM release and kvconform; print its path last.
+#
+#   bash scripts/release_env.sh 0.21.0          # -> ~/.cache/kvconform/venv-release-0.21.0
+#   "$(bash scripts/release_env.sh 0.22.0 | tail -n 1)/bin/kvconform" run --case flashinfer-b128-k64
+#
+# The lightest install that runs vLLM's layout code on a CPU (about 2.8 GB instead of the
+# ~10 GB of `pip install vllm==X`): a CPU build of torch, the vLLM wheel without its
+# dependency tree, and only the packages the modules the drivers import need (LAYOUT_DEPS,
+# then whatever a fresh `import` of those modules still reports missing, one at a time).
+# vLLM's compiled kernels (vllm._C) do not load without CUDA; the layout code does not
+# need them.
+#
+# KVCONFORM_RELEASE_CACHE  where the venvs live (default: ~/.cache/kvconform)
+# KVCONFORM_RELEASE_TORCH  the torch release to install (default: 2.13.0, whose CPU build
+#                          this machine has on disk; pip takes it from there)
+# KVCONFORM_WHEELS         a folder of already-downloaded vLLM wheels (pip --find-links)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+version="${1:-}"
+if ! [[ "$version" =~ ^0\.[0-9]+\.[0-9]+$ ]]; then
+  echo "usage: bash scripts/release_env.sh VERSION   (a vLLM release such as 0.21.0; got '${version}')" >&2
+  exit 4
+fi
+cache="${KVCONFORM_RELEASE_CACHE:-$HOME/.cache/kvconform}"
+venv="$cache/venv-release-$version"
+torch_release="${KVCONFORM_RELEASE_TORCH:-2.13.0}"
+python="${KVCONFORM_PYTHON:-python3}"
+stamp="$venv/.kvconform-release-stamp"
+want="vllm==$version torch==$torch_release $root $(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+# What vLLM's layout, runner and connector modules import at module level (read off
+# vLLM 0.21.0 and 0.22.0); anything a release needs beyond this is found below.
+LAYOUT_DEPS=(regex cachetools psutil numpy requests tqdm py-cpuinfo transformers tokenizers aiohttp openai
+  pydantic prometheus_client pillow llguidance xgrammar msgspec gguf pyyaml pyzmq einops cloudpickle pybase64
+  cbor2 openai-harmony uvloop)
+MODULES=(vllm vllm.config vllm.v1.core.kv_cache_utils vllm.v1.kv_cache_interface vllm.v1.worker.gpu_model_runner
+  vllm.v1.worker.block_table vllm.v1.attention.backends.flashinfer vllm.v1.attention.backends.flash_attn)
+
+pip() { "$venv/bin/python" -m pip --quiet --disable-pip-version-check "$@"; }
+
+if [ "$(cat "$stamp" 2>/dev/null | head -n 1 || true)" = "$want" ]; then
+  echo "$venv"
+  exit 0
+fi
+start=$(date +%s)
+mkdir -p "$cache"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "kvconform: creating $venv" >&2
+  "$python" -m venv "$venv"
+fi
+echo "kvconform: installing torch $torch_release (CPU) and vLLM $version without its dependency tree into $venv" >&2
+pip install "torch==$torch_release"
+links=()
+if [ -n "${KVCONFORM_WHEELS:-}" ]; then links=(--find-links "$KVCONFORM_WHEELS"); fi
+pip install --no-deps "${links[@]}" "vllm==$version"
+pip install "${LAYOUT_DEPS[@]}" "torch==$torch_release"
+pip install --no-deps -e "$root"
+pip install "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "rich>=13" "torch==$torch_release"
+
+# Whatever this release imports beyond LAYOUT_DEPS: install it and try again.
+declare -A PACKAGE_OF=([cv2]=opencv-python-headless [yaml]=pyyaml [zmq]=pyzmq [cpuinfo]=py-cpuinfo [PIL]=pillow
+  [google]=protobuf [sklearn]=scikit-learn [dotenv]=python-dotenv)
+for attempt in $(seq 1 30); do
+  if out=$(cd "$root" && CUDA_VISIBLE_DEVICES="" "$venv/bin/python" -c "
+import importlib, sys
+from gpu_impl.vllm_cpu import shims
+shims.prepare_env()
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and exc.name.split('.')[0] == 'vllm':
+            continue  # a vLLM module this release does not have: the drivers' probe says so
+        raise
+" "${MODULES[@]}" 2>&1); then
+    break
+  fi
+  missing=$(printf '%s\n' "$out" | grep -oP "No module named '\K[^'.]+" | tail -n 1 || true)
+  if [ -z "$missing" ] || [ "$attempt" = 30 ]; then
+    echo "kvconform: vLLM $version does not import in $venv: $(printf '%s\n' "$out" | tail -n 1)" >&2
+    exit 3
+  fi
+  echo "kvconform: vLLM $version also needs ${PACKAGE_OF[$missing]:-$missing}" >&2
+  pip install "${PACKAGE_OF[$missing]:-$missing}" "torch==$torch_release"
+done
+size=$(du -sh "$venv" | cut -f1)
+printf '%s\n%s\n' "$want" "installed in $(( $(date +%s) - start )) s, $size" > "$stamp"
+echo "kvconform: vLLM $version ready in $venv ($size, $(( $(date +%s) - start )) s)" >&2
+echo "$venv"
