@@ -497,7 +497,15 @@ def vllm_problem() -> str | None:
 def vllm_absent() -> bool:
     """True when vLLM is not installed at all (skipping is right); False when it is
     installed, drivable or not (a vLLM that cannot be driven must fail, not skip)."""
-    return not _installed("vllm")
+    if not _installed("vllm"):
+        return True
+    try:
+        import vllm  # noqa: F401
+    except ModuleNotFoundError as exc:
+        return exc.name == "vllm"  # blocked or half-removed: no vLLM to drive
+    except Exception:  # noqa: BLE001 - installed but broken: not absent
+        return False
+    return False
 
 
 def observe_case(case: Any, runner: str = "mrv1") -> Any:

@@ -102,10 +102,22 @@ def api_problem(driver: str = "layout") -> str | None:
         import vllm
     except Exception as exc:  # noqa: BLE001 - a broken install fails in many ways
         return f"vllm is not importable ({type(exc).__name__}: {exc})"
+    # The CPU shims first, as the driver applies them before it imports vLLM's backends
+    # and runners (importing those first would change what they see).
+    from gpu_impl.vllm_cpu import shims
+
+    shims.prepare_env()
+    try:
+        shims.apply()
+        shim_error = None
+    except Exception as exc:  # noqa: BLE001 - an older vLLM: the missing API below says what
+        shim_error = f"{type(exc).__name__}: {exc}"
     missing = missing_api(driver)
-    if not missing:
-        return None
     version = getattr(vllm, "__version__", "?")
+    if not missing:
+        if shim_error is None:
+            return None
+        return f"kvconform's CPU shims do not apply to vLLM {version}: {shim_error}"
     shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
     return (
         f"vLLM {version} does not provide what kvconform's {driver} driver uses ({shown}); "

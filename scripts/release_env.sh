@@ -59,7 +59,7 @@ pip install "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "rich>=13" "torc
 
 # Whatever this release imports beyond LAYOUT_DEPS: install it and try again.
 declare -A PACKAGE_OF=([cv2]=opencv-python-headless [yaml]=pyyaml [zmq]=pyzmq [cpuinfo]=py-cpuinfo [PIL]=pillow
-  [google]=protobuf [sklearn]=scikit-learn [dotenv]=python-dotenv)
+  [google]=protobuf [sklearn]=scikit-learn [dotenv]=python-dotenv [flashinfer]=flashinfer-python [tvm_ffi]=apache-tvm-ffi [pynvml]=nvidia-ml-py)
 for attempt in $(seq 1 30); do
   if out=$(cd "$root" && CUDA_VISIBLE_DEVICES="" "$venv/bin/python" -c "
 import importlib, sys
@@ -80,8 +80,26 @@ for name in sys.argv[1:]:
     echo "kvconform: vLLM $version does not import in $venv: $(printf '%s\n' "$out" | tail -n 1)" >&2
     exit 3
   fi
-  echo "kvconform: vLLM $version also needs ${PACKAGE_OF[$missing]:-$missing}" >&2
-  pip install "${PACKAGE_OF[$missing]:-$missing}" "torch==$torch_release"
+  package="${PACKAGE_OF[$missing]:-$missing}"
+  if [ "$missing" = "${last_missing:-}" ]; then
+    echo "kvconform: vLLM $version needs the module '$missing', which installing '$package' did not provide" >&2
+    exit 3
+  fi
+  last_missing="$missing"
+  # The release's own pin when it names the package (flashinfer-python==0.6.11.post2 for
+  # 0.22.0); without its dependency tree: what that package imports is found the same way.
+  spec=$("$venv/bin/python" -c "
+import importlib.metadata as md, re, sys
+want = re.sub(r'[-_.]+', '-', sys.argv[1]).lower()
+for req in md.requires('vllm') or []:
+    name = re.split(r'[<>=!~;\[ ]', req, maxsplit=1)[0]
+    if re.sub(r'[-_.]+', '-', name).lower() == want and 'extra ==' not in req:
+        print(req.split(';')[0].replace(' ', '')); break
+else:
+    print(sys.argv[1])
+" "$package")
+  echo "kvconform: vLLM $version also needs $spec" >&2
+  pip install --no-deps "$spec"
 done
 size=$(du -sh "$venv" | cut -f1)
 printf '%s\n%s\n' "$want" "installed in $(( $(date +%s) - start )) s, $size" > "$stamp"
