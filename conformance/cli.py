@@ -92,6 +92,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from reference.errors import ConfigError, NotModeledError, StartupError
 
     case = _load_case(args.case)
+    if case.generation == 1:
+        return _explain_legacy(case, args)
     try:
         d = derive(case, args.runner)
     except StartupError as exc:
@@ -109,6 +111,27 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             write_explain_html(d, args.html, block_id=args.block)
         except OSError as exc:
             raise UsageError(f"cannot write {args.html!r}: {exc.strerror}") from None
+    return EXIT_OK
+
+
+def _explain_legacy(case: Any, args: argparse.Namespace) -> int:
+    """``explain`` of a generation-1 case (vLLM 0.21 to 0.28) through ``reference.legacy``."""
+    from conformance.explain import explain_legacy
+    from reference.errors import ConfigError, NotModeledError, StartupError
+    from reference.legacy import derive_legacy
+
+    if args.html:
+        raise UsageError("--html draws generation-2 layouts only; drop it for a generation-1 case")
+    try:
+        d = derive_legacy(case, args.runner)
+    except StartupError as exc:
+        print(f"case {case.name}: vLLM refuses this configuration ({exc.where}):\n  {exc.vllm_message}")
+        return EXIT_OK
+    except NotModeledError as exc:
+        raise NothingRan(f"case {case.name}: {exc}") from None
+    except ConfigError as exc:
+        raise UsageError(f"case {case.name}: {exc}") from None
+    print(explain_legacy(d, block_id=args.block))
     return EXIT_OK
 
 

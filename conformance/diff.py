@@ -214,12 +214,17 @@ def _draft_layers(case: CaseConfig) -> set[str]:
 def reference_prediction(case: CaseConfig, runner: str) -> tuple[Derivation | None, str | None, Comparison | None]:
     """``(derivation, predicted vLLM error, early outcome)`` for one case and runner.
 
-    Exactly one of the three is set: the reference's derivation, the error it predicts
+    Exactly one of the three is set: the reference's derivation (a
+    ``reference.legacy.LegacyDerivation`` for a generation-1 case), the error it predicts
     vLLM raises, or a ``not_modeled`` comparison that ends the diff. An invalid case
     raises ``ConfigError``. Shared by every
     comparison (vLLM's layout code, the real engine).
     """
     try:
+        if case.generation == 1:
+            from reference.legacy import derive_legacy
+
+            return derive_legacy(case, runner), None, None  # type: ignore[return-value]
         return derive(case, runner), None, None
     except StartupError as exc:
         return None, exc.vllm_message, None
@@ -266,6 +271,9 @@ def compare(case: CaseConfig, runner: str, observation: Any, schedules: Any = No
         status = "fail" if c.out else "pass"
         return Comparison(case, runner, status, tuple(c.out), detail=observed_error or "")
     assert expected is not None
+    if case.generation == 1:
+        _cmp_legacy(c, expected, observation)
+        return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
     if observation.layout is not None:
         c.cmp("layout", "layout", expected.layout.name, observation.layout)
     exp_groups = [(tuple(g.layer_names), g.spec.block_size) for g in expected.groups]
@@ -319,6 +327,23 @@ def compare(case: CaseConfig, runner: str, observation: Any, schedules: Any = No
 
         c.out += schedule_divergences(case, runner, schedules, observation)
     return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
+
+
+def _cmp_legacy(c: _Collector, expected: Any, observation: Any) -> None:
+    """A generation-1 observation against ``reference.legacy``: layout (NHD/HND), groups,
+    blocks, the raw tensors (``KVCacheTensor(size, shared_by)``), kernel block sizes and
+    the registered views (each in its own allocation)."""
+    if observation.layout is not None:
+        c.cmp("layout", "layout", expected.layout, observation.layout)
+    c.cmp("groups", "groups", [(tuple(g.layer_names), g.spec.block_size) for g in expected.groups],
+          [(tuple(g.layer_names), g.block_size) for g in observation.groups])
+    c.cmp("num_blocks", "num_blocks", expected.num_blocks, observation.num_blocks)
+    c.cmp("tensor_placement", "kv_cache_tensors (shared_by: size)",
+          {tuple(t.shared_by): t.size for t in expected.kv_cache_tensors},
+          {tuple(t.layers): t.size for t in observation.tensors})
+    if observation.kernel_block_sizes is not None:
+        c.cmp("kernel_block_size", "kernel_block_sizes", list(expected.selected_kernel_block_sizes), list(observation.kernel_block_sizes))
+    _cmp_views(c, expected.registered, observation.registered, mismatch=False)
 
 
 # --- what only a running engine shows (gpu_impl.recording) ------------------------------

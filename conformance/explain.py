@@ -68,3 +68,39 @@ def explain(d: Derivation, block_id: int = 1, max_blocks_shown: int = 4) -> str:
     if block.v is not None:
         lines.append(f"    V     {_region(block.v)}")
     return "\n".join(lines)
+
+
+def explain_legacy(d, block_id: int = 1) -> str:
+    """``explain`` for a generation-1 derivation (``reference.legacy.LegacyDerivation``)."""
+    case = d.case
+    block_id = min(block_id, d.num_blocks - 1)
+    lines = [f"case {case.name}  (reference.legacy for vLLM {case.vllm_version}, generation 1, runner {d.runner})"]
+    if case.note:
+        lines.append(f"  {case.note}")
+    lines += [
+        f"  layout {d.layout} (get_kv_cache_layout); {d.num_blocks} blocks; "
+        f"{len(d.kv_cache_tensors)} raw tensor(s), each its own allocation",
+        "",
+    ]
+    for gid, group in enumerate(d.groups):
+        kbs, ratio = d.kernel_block_sizes[gid], d.block_ratio(gid)
+        lines.append(
+            f"  group {gid}: {len(group.layer_names)} layer(s), block size {group.spec.block_size}, views reshaped with "
+            f"{kbs}-token blocks" + (f" (each logical block = {ratio} kernel blocks)" if ratio > 1 else "")
+        )
+    lines.append("")
+    rows = [["layer", "backend", "shape", "stride (elements)", "dtype", "tensor"]]
+    for name, view in d.registered.items():
+        rows.append([name, d.layer_backends[name], str(view.shape), str(view.stride), view.dtype, str(d.tensor_index(name))])
+    lines += _table(rows)
+    first = next(iter(d.registered))
+    block = d.block_bytes(first, block_id)
+    lines += [
+        "",
+        f"  where logical block {block_id} of {first} lives (virtual byte addresses: tensor i starts after tensors < i):",
+        f"    page  {_region(block.page)}",
+        f"    K     {_region(block.k)}",
+    ]
+    if block.v is not None:
+        lines.append(f"    V     {_region(block.v)}")
+    return "\n".join(lines)

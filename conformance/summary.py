@@ -44,10 +44,35 @@ def derivation_summary(d: Derivation) -> dict[str, Any]:
     }
 
 
+def legacy_summary(d: Any) -> dict[str, Any]:
+    """A generation-1 derivation (``reference.legacy``), JSON-ready."""
+    return {
+        "generation": 1,
+        "layout": d.layout,
+        "num_blocks": d.num_blocks,
+        "groups": [{"layers": list(g.layer_names), "block_size": g.spec.block_size} for g in d.groups],
+        "kernel_block_sizes": list(d.kernel_block_sizes),
+        "tensors": [{"shared_by": list(t.shared_by), "size": t.size} for t in d.kv_cache_tensors],
+        "registered": {
+            name: {"shape": list(v.shape), "stride": list(v.stride), "dtype": v.dtype, "backend": d.layer_backends[name]}
+            for name, v in d.registered.items()
+        },
+    }
+
+
+def _derive_any(case: CaseConfig, runner: str) -> Any:
+    if case.generation == 1:
+        from reference.legacy import derive_legacy
+
+        return derive_legacy(case, runner)
+    return derive(case, runner)
+
+
 def reference_outcome(case: CaseConfig, runner: str) -> dict[str, Any]:
     """Derive one runner, turning predicted vLLM refusals into data instead of exceptions."""
     try:
-        return {"status": "ok", **derivation_summary(derive(case, runner))}
+        d = _derive_any(case, runner)
+        return {"status": "ok", **(legacy_summary(d) if case.generation == 1 else derivation_summary(d))}
     except StartupError as exc:
         return {"status": "vllm_refuses", "error": exc.vllm_message, "where": exc.where}
     except NotModeledError as exc:
@@ -64,11 +89,18 @@ def _facts(case: CaseConfig, runner: str) -> Any:
     empty = dict(layout=None, groups=(), num_blocks=None, bytes_per_block=None, tensors=(), kernel_block_sizes=(),
                  registered={}, layer_backends={}, fidelity="reference")
     try:
-        d = derive(case, runner)
+        d = _derive_any(case, runner)
     except StartupError as exc:
         return SimpleNamespace(**empty, error=exc.vllm_message, unsupported=None)
     except (NotModeledError, ConfigError) as exc:
         return SimpleNamespace(**empty, error=None, unsupported=str(exc))
+    if case.generation == 1:
+        return SimpleNamespace(
+            error=None, unsupported=None, fidelity="reference", layout=d.layout, num_blocks=d.num_blocks, bytes_per_block=None,
+            groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size) for g in d.groups),
+            tensors=(), kernel_block_sizes=tuple(d.kernel_block_sizes), registered=d.registered,
+            layer_backends=dict(d.layer_backends),
+        )
     return SimpleNamespace(
         error=None,
         unsupported=None,

@@ -354,8 +354,11 @@ def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar"
     drivers import (``gpu_impl.vllm_api``): if not, ``NotDrivable`` with one line."""
     from gpu_impl import vllm_api
 
+    # The driver of each case's generation: the 0.33.0-API layout driver, or gen1.
+    drivers = sorted({"gen1" if case.generation == 1 else "layout" for case in cases})
     if workers <= 1 or len(cases) <= 1:
-        vllm_api.require("layout")
+        for driver in drivers:
+            vllm_api.require(driver)
         for case in cases:
             bar.advance(case.name)
             yield (case, *_observe_both(case, seed, schedules))
@@ -366,9 +369,10 @@ def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar"
     # spawn: fresh interpreters (a forked torch/vLLM is not safe to use).
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
     try:
-        problem = pool.submit(vllm_api.api_problem, "layout").result()
-        if problem is not None:
-            raise vllm_api.NotDrivable(problem)
+        for driver in drivers:
+            problem = pool.submit(vllm_api.api_problem, driver).result()
+            if problem is not None:
+                raise vllm_api.NotDrivable(problem)
         chunk = max(1, min(16, len(cases) // (workers * 4)))
         tasks = [(case, seed, schedules) for case in cases]
         for case, (plan, observations) in zip(cases, pool.map(_observe_task, tasks, chunksize=chunk)):
@@ -456,9 +460,13 @@ def _print_fidelity(fidelities: dict[tuple[str, str], int]) -> None:
         own = fidelities.get((runner, "runner"), 0)
         shared = fidelities.get((runner, "shared"), 0)
         before = fidelities.get((runner, "before_runner"), 0)
-        if own + shared + before == 0:
+        methods = fidelities.get((runner, "runner_methods"), 0)
+        if own + shared + before + methods == 0:
             continue
         line = f"  {runner.upper()}: {own} case(s) through the runner's own initialize_kv_cache"
+        if methods:
+            line += (f", {methods} generation-1 case(s) through the runner's own allocate/reshape functions "
+                     "(specs from the case; fidelity_reason in the JSON report)")
         if before:
             line += f", {before} refused by vLLM while the model's layers were built (before any runner code)"
         if shared:

@@ -84,9 +84,11 @@ class Observation:
     shims: tuple[str, ...] = ()
     fidelity: str | None = None
     """How the observation was made: ``runner`` = the runner's own ``initialize_kv_cache``
-    (``gpu_impl.vllm_cpu.runners``); ``shared`` = the shared ``v1/worker/utils.py``
-    functions called directly, a fallback where the runner cannot be built (see
-    ``fidelity_reason``); None when nothing was observed (``unsupported``)."""
+    (``gpu_impl.vllm_cpu.runners``); ``runner_methods`` = a generation-1 runner's own
+    allocate/reshape functions on specs built from the case (``gpu_impl.vllm_cpu.gen1``);
+    ``shared`` = the shared ``v1/worker/utils.py`` functions called directly, a fallback
+    where the runner cannot be built (see ``fidelity_reason``); ``engine`` = an engine's
+    connector recording; None when nothing was observed (``unsupported``)."""
     fidelity_reason: str | None = None
     """Why the runner's own code could not be driven for this case (``shared`` only)."""
     bound_outside_registered: tuple[str, ...] = ()

@@ -10,7 +10,8 @@ reports in one line (exit 5: nothing ran) instead of failing with an ``ImportErr
 part way, or blaming a connector for the harness's own incompatibility.
 
 Drivers (``DRIVERS``): ``layout`` (vLLM's layout and runner code on CPU,
-``gpu_impl.vllm_cpu``) and the connector adapters ``nixl`` and ``mooncake``
+``gpu_impl.vllm_cpu``, the 0.33.0 API), ``gen1`` (generation-1 releases, 0.21 to 0.28:
+``gpu_impl.vllm_cpu.gen1``) and the connector adapters ``nixl`` and ``mooncake``
 (``gpu_impl.connectors``), which run on top of the layout driver.
 """
 
@@ -27,6 +28,7 @@ DRIVERS: dict[str, tuple[Path, ...]] = {
     "layout": _LAYOUT,
     "nixl": _LAYOUT + (HERE / "connectors" / "nixl.py",),
     "mooncake": _LAYOUT + (HERE / "connectors" / "mooncake.py",),
+    "gen1": (HERE / "vllm_cpu" / "gen1.py", HERE / "vllm_cpu" / "shims.py"),
 }
 """Each driver and the source files whose vLLM imports it needs."""
 
@@ -121,7 +123,7 @@ def api_problem(driver: str = "layout") -> str | None:
     shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
     return (
         f"vLLM {version} does not provide what kvconform's {driver} driver uses ({shown}); "
-        f"the drivers are written against vLLM 0.33.0's API and no driver for {version} exists yet"
+        f"no driver of kvconform's handles vLLM {version}'s API for this yet"
     )
 
 

@@ -661,8 +661,15 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()
     if runner not in ("mrv1", "mrv2"):
         raise ValueError(f"runner {runner!r} is not one of mrv1, mrv2")
     applied = tuple(shims.apply())
-    if case.generation != 2:
-        return Observation(case.name, runner, unsupported="generation-1 cases need a pre-0.30 vLLM", shims=applied)
+    if case.generation == 1:
+        from gpu_impl import vllm_api
+
+        problem = vllm_api.api_problem("gen1")
+        if problem is not None:
+            return Observation(case.name, runner, unsupported=f"generation-1 cases need a vLLM 0.21 to 0.28: {problem}", shims=applied)
+        from gpu_impl.vllm_cpu import gen1
+
+        return gen1.observe(case, runner, applied)
     try:
         return _observe(case, runner, admission, applied, tuple(schedules))
     finally:

@@ -289,3 +289,22 @@ def test_argument_errors_are_one_line(args: list[str], message: str) -> None:
     out = kvconform(*args)
     assert out.returncode == 4
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_generation_1_case_is_explained_and_reported_through_reference_legacy(tmp_path: Path) -> None:
+    """No vLLM needed: explain and run --reference-only take a generation-1 case (vLLM 0.21 to 0.28)."""
+    from suites.release_cases import gen1_cases
+
+    case = next(c for c in gen1_cases("0.21.0") if c.name == "gen1-flashinfer-b128")
+    path = tmp_path / "gen1.json"
+    path.write_text(case.to_json())
+    out = kvconform("explain", str(path), "--runner", "mrv2")
+    assert out.returncode == 0, out.stderr
+    assert "reference.legacy for vLLM 0.21.0" in out.stdout and "(10, 2, 128, 8, 128)" in out.stdout  # #42846's shape
+    out = kvconform("run", "--reference-only", "--case", str(path), "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 0, out.stderr
+    (result,) = json.loads((tmp_path / "r.json").read_text())["results"]
+    assert result["mrv1"]["status"] == result["mrv2"]["status"] == "ok"
+    assert result["mrv1"]["registered"][case.layers[0].name]["shape"] == [20, 2, 64, 8, 128]
+    assert any("shape" in d for d in result["mrv1_mrv2_differences"])
+    assert kvconform("explain", str(path), "--html", str(tmp_path / "x.html")).returncode == 4

@@ -1,0 +1,152 @@
+"""Observe a generation-1 vLLM (0.21 to 0.28: per-backend ``get_kv_cache_shape``) on CPU.
+
+For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
+
+1. the layers' specs are built from the case (``FullAttentionSpec``; the layers'
+   own ``get_kv_cache_spec`` is not run here: ``fidelity_reason`` says so);
+2. vLLM's own planning: ``kv_cache_utils.get_kv_cache_groups`` and
+   ``get_kv_cache_config_from_groups`` (``num_gpu_blocks_override`` = the case's blocks);
+3. the attention groups as both runners form them (per KV cache group, per backend and
+   spec) and vLLM's ``prepare_kernel_block_sizes``;
+4. MRv1: ``GPUModelRunner._allocate_kv_cache_tensors`` and ``_reshape_kv_cache_tensors``,
+   the runner's own methods, on a stand-in ``self`` carrying what they read;
+   MRv2: ``vllm/v1/worker/gpu/attn_utils.py`` ``_allocate_kv_cache`` and
+   ``_reshape_kv_cache``, called with the arguments the installed release's signature
+   takes (0.21: no kernel block sizes; 0.22 on: ``kernel_block_sizes``).
+
+What each runner registered is read off the tensors. ``VLLM_KV_CACHE_LAYOUT`` (NHD/HND)
+comes from the case, as ``get_kv_cache_layout`` reads it (its cache is cleared).
+Nothing here predicts: the reference is ``reference.legacy``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from types import SimpleNamespace
+from typing import Any
+
+from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
+
+FIDELITY_REASON = (
+    "generation 1: specs built from the case, then vLLM's planning, prepare_kernel_block_sizes and each runner's "
+    "own allocate/reshape functions (MRv1 GPUModelRunner methods on a stand-in runner, MRv2 gpu/attn_utils)"
+)
+SUPPORTED_KINDS = ("full",)
+VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
+
+
+def _dtype_name(dtype: Any) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _view(t: Any) -> ViewObs:
+    return ViewObs(
+        shape=tuple(t.shape),
+        stride=tuple(t.stride()),
+        dtype=_dtype_name(t.dtype),
+        storage_offset=t.storage_offset(),
+        storage_nbytes=t.untyped_storage().nbytes(),
+    )
+
+
+def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observation:
+    """What ``runner`` of the installed generation-1 vLLM registers for ``case``."""
+    unsupported = [layer.name for layer in case.layers if layer.kind not in SUPPORTED_KINDS or layer.is_draft]
+    if unsupported:
+        return Observation(case.name, runner, shims=applied,
+                           unsupported=f"the generation-1 driver builds full-attention target layers only (not {unsupported[0]!r})")
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.worker.gpu.attn_utils import _allocate_kv_cache, _reshape_kv_cache
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
+
+    runner_methods = ("_allocate_kv_cache_tensors", "_reshape_kv_cache_tensors", "_kv_cache_spec_attn_group_iterator",
+                      "_update_hybrid_attention_mamba_layout")
+    absent = [m for m in runner_methods if not hasattr(GPUModelRunner, m)]
+    if absent:
+        return Observation(case.name, runner, shims=applied,
+                           unsupported=f"this vLLM's GPUModelRunner has no {', '.join(absent)} (a generation-1 runner has)")
+
+    partial: dict[str, Any] = dict(fidelity="runner_methods", fidelity_reason=FIDELITY_REASON, shims=applied,
+                                   builder_kernel_block_sizes=None, bound_shapes=None)
+    stage = "configure"
+    saved_layout = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
+    try:
+        if case.layout is not None:
+            os.environ["VLLM_KV_CACHE_LAYOUT"] = case.layout
+        from vllm.v1.attention.backends import utils as backend_utils
+
+        layout_of = getattr(backend_utils, "get_kv_cache_layout", None)
+        if hasattr(layout_of, "cache_clear"):
+            layout_of.cache_clear()
+        model_dtype = getattr(torch, case.model_dtype if case.model_dtype in ("float16", "bfloat16", "float32") else "bfloat16")
+        cache_config = CacheConfig(block_size=case.block_size)
+        cache_config.num_gpu_blocks_override = case.num_blocks
+        vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=cache_config)
+        with set_current_vllm_config(vc):
+            stage = "specs"
+            specs = {
+                layer.name: FullAttentionSpec(block_size=case.block_size, num_kv_heads=layer.num_kv_heads,
+                                              head_size=layer.head_size, dtype=model_dtype)
+                for layer in case.layers
+            }
+            backends = {layer.name: AttentionBackendEnum[layer.backend].get_class() for layer in case.layers}
+            partial["layer_backends"] = {name: cls.get_name() for name, cls in backends.items()}
+            stage = "groups"
+            groups = get_kv_cache_groups(vc, specs)
+            stage = "placement"
+            memory = (case.num_blocks or 1) * sum(s.page_size_bytes for s in specs.values()) * 2
+            kcc = get_kv_cache_config_from_groups(vc, groups, memory)
+            partial["groups"] = tuple(GroupObs(tuple(g.layer_names), g.kv_cache_spec.block_size, type(g.kv_cache_spec).__name__)
+                                      for g in kcc.kv_cache_groups)
+            partial["num_blocks"] = kcc.num_blocks
+            partial["tensors"] = tuple(TensorObs(t.size, tuple(t.shared_by), 0, 0, 0) for t in kcc.kv_cache_tensors)
+            layout = layout_of() if layout_of is not None else None
+            partial["layout"] = None if layout is None else str(getattr(layout, "name", layout))
+            stage = "kernel_block_sizes"
+            attn_groups = []
+            for gid, group in enumerate(kcc.kv_cache_groups):
+                by_backend: dict[str, Any] = {}
+                for name in group.layer_names:
+                    key = backends[name].get_name()
+                    if key not in by_backend:
+                        by_backend[key] = AttentionGroup(backends[name], [name], group.kv_cache_spec, gid)
+                    else:
+                        by_backend[key].layer_names.append(name)
+                attn_groups.append(list(by_backend.values()))
+            kernel_block_sizes = prepare_kernel_block_sizes(kcc, attn_groups)
+            partial["kernel_block_sizes"] = tuple(kernel_block_sizes)
+            stage = "allocate"
+            meta = torch.device("meta")
+            if runner == "mrv1":
+                me = SimpleNamespace(device=meta, runner_only_attn_layers=set(), attn_groups=attn_groups,
+                                     kv_cache_config=kcc, cache_config=SimpleNamespace(cache_dtype="auto"))
+                me._kv_cache_spec_attn_group_iterator = lambda: GPUModelRunner._kv_cache_spec_attn_group_iterator(me)
+                me._update_hybrid_attention_mamba_layout = lambda *a: GPUModelRunner._update_hybrid_attention_mamba_layout(me, *a)
+                raw = GPUModelRunner._allocate_kv_cache_tensors(me, kcc)
+                views = GPUModelRunner._reshape_kv_cache_tensors(me, raw, kernel_block_sizes)
+            else:
+                # The installed release's signatures: 0.21 (kcc, device) / (kcc, raw, backends,
+                # cache_dtype); 0.22 on also the shared layers and kernel_block_sizes.
+                allocate = inspect.signature(_allocate_kv_cache).parameters
+                raw = _allocate_kv_cache(kcc, meta) if len(allocate) == 2 else _allocate_kv_cache(kcc, {}, meta)
+                reshape = inspect.signature(_reshape_kv_cache).parameters
+                args = dict(kv_cache_config=kcc, kv_cache_raw_tensors=raw, attn_backends=backends, cache_dtype="auto",
+                            kernel_block_sizes=kernel_block_sizes, shared_kv_cache_layers={})
+                views = _reshape_kv_cache(**{k: v for k, v in args.items() if k in reshape})
+            partial["registered"] = {name: _view(views[layer.name]) for layer in case.layers for name in (layer.name,) if name in views}
+    except VLLM_ERRORS as exc:
+        return Observation(case.name, runner, error=f"{type(exc).__name__}: {exc}", error_stage=stage, **partial)
+    finally:
+        os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
+        if saved_layout is not None:
+            os.environ["VLLM_KV_CACHE_LAYOUT"] = saved_layout
+    return Observation(case.name, runner, **partial)
+
+
+__all__ = ["observe"]

@@ -1,0 +1,36 @@
+"""Cases for the drivers of older vLLM releases: generation 1 (vLLM 0.21 to 0.28), stamped with
+the release they are run against (``reference.legacy`` reads per-release facts off
+``vllm_version``). ``tests/releases`` runs them in a release venv."""
+
+from __future__ import annotations
+
+from reference.config import CaseConfig, LayerConfig
+
+
+def gen1_cases(vllm_version: str) -> list[CaseConfig]:
+    """Dense attention over the backends and layouts generation 1 has, at block sizes
+    that split into kernel blocks (FlashInfer at 128) and that do not."""
+
+    def case(name: str, backend: str, block_size: int, *, layout: str | None = None, heads: int = 8, head_size: int = 128,
+             layers: int = 2, dtype: str = "bfloat16") -> CaseConfig:
+        return CaseConfig(
+            name=f"gen1-{name}",
+            layers=tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=heads, head_size=head_size)
+                         for i in range(layers)),
+            block_size=block_size,
+            num_blocks=10,
+            layout=layout,
+            model_dtype=dtype,
+            generation=1,
+            vllm_version=vllm_version,
+        )
+
+    return [
+        case("flashinfer-b128", "FLASHINFER", 128),
+        case("flashinfer-b128-hnd", "FLASHINFER", 128, layout="HND"),
+        case("flashinfer-b16", "FLASHINFER", 16),
+        case("fa-b16", "FLASH_ATTN", 16),
+        case("fa-b128-hnd", "FLASH_ATTN", 128, layout="HND"),
+        case("triton-b32", "TRITON_ATTN", 32, heads=4, head_size=64),
+        case("flex-b16-hnd", "FLEX_ATTENTION", 16, layout="HND", dtype="float16"),
+    ]

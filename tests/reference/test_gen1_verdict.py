@@ -1,0 +1,63 @@
+"""The one comparator on generation-1 observations (``conformance.diff`` against
+``reference.legacy``), without vLLM: observations made from the reference itself pass,
+and each changed fact lands in its kind."""
+
+from __future__ import annotations
+
+import dataclasses
+import pytest
+
+from conformance.diff import compare, compare_runners
+from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
+from reference.legacy import derive_legacy
+
+from suites.release_cases import gen1_cases
+
+
+def perfect(case, runner: str) -> Observation:
+    """What a generation-1 vLLM that behaves exactly as the reference says would show."""
+    d = derive_legacy(case, runner)
+    return Observation(
+        case.name,
+        runner,
+        layout=d.layout,
+        groups=tuple(GroupObs(tuple(g.layer_names), g.spec.block_size, "FullAttentionSpec") for g in d.groups),
+        num_blocks=d.num_blocks,
+        tensors=tuple(TensorObs(t.size, tuple(t.shared_by), 0, 0, 0) for t in d.kv_cache_tensors),
+        kernel_block_sizes=tuple(d.selected_kernel_block_sizes),
+        registered={n: ViewObs(v.shape, v.stride, v.dtype, v.storage_offset, v.storage_nbytes) for n, v in d.registered.items()},
+        fidelity="runner_methods",
+    )
+
+
+CASES = {c.name: c for c in gen1_cases("0.21.0")}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
+def test_an_observation_the_reference_would_make_conforms(name: str, runner: str) -> None:
+    assert compare(CASES[name], runner, perfect(CASES[name], runner)).status == "pass"
+
+
+def _kinds(case, runner, obs) -> set[str]:
+    return {d.kind for d in compare(case, runner, obs).divergences}
+
+
+def test_each_changed_fact_lands_in_its_kind() -> None:
+    case = CASES["gen1-flashinfer-b128"]
+    good = perfect(case, "mrv1")
+    layer = case.layers[0].name
+    view = good.registered[layer]
+    assert _kinds(case, "mrv1", dataclasses.replace(good, layout="HND")) == {"layout"}
+    assert _kinds(case, "mrv1", dataclasses.replace(good, num_blocks=9)) == {"num_blocks"}
+    assert _kinds(case, "mrv1", dataclasses.replace(good, kernel_block_sizes=(128,))) == {"kernel_block_size"}
+    unsplit = dataclasses.replace(view, shape=(10, 2, 128, 8, 128))
+    assert _kinds(case, "mrv1", dataclasses.replace(good, registered={**good.registered, layer: unsplit})) == {"registered_shape"}
+    assert _kinds(case, "mrv1", dataclasses.replace(good, tensors=good.tensors[:1])) == {"tensor_placement"}
+
+
+def test_the_42846_shape_is_an_mrv1_mrv2_mismatch_on_0_21_only() -> None:
+    for version, mismatched in (("0.21.0", True), ("0.22.0", False)):
+        case = next(c for c in gen1_cases(version) if c.name == "gen1-flashinfer-b128")
+        diffs = compare_runners(case, perfect(case, "mrv1"), perfect(case, "mrv2"))
+        assert bool(diffs) is mismatched, (version, [d.message for d in diffs])
