@@ -48,10 +48,13 @@ class ObservationSource:
         shims.prepare_env()
 
     def environment(self, cases: Sequence[CaseConfig]) -> dict[str, Any]:
-        return _environment()
+        env = _environment()
+        # The release(s) the reference judges by: each case's (generation-1 cases name theirs).
+        env["reference_vllm"] = ",".join(sorted({c.vllm_version for c in cases})) or VLLM_VERSION
+        return env
 
     def header(self, cases: Sequence[CaseConfig], env: dict[str, Any]) -> str:
-        return (f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {VLLM_VERSION}, "
+        return (f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {env['reference_vllm']}, "
                 f"{len(cases)} cases x {len(RUNNERS)} runners")
 
     def observe(self, cases: Sequence[CaseConfig], bar: "_ProgressBar", env: dict[str, Any], *, workers: int, seed: int, schedules: int):
