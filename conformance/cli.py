@@ -530,6 +530,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="one standalone HTML page ('-' for stdout)")
     p.set_defaults(func=_cmd_report)
 
+    p = sub.add_parser("matrix", help="release x check: kvconform run and the connector checks on each vLLM release, in its own venv")
+    p.add_argument("--releases", required=True, type=_releases, metavar="X.Y.Z,...", help="vLLM releases, oldest first")
+    p.add_argument("--venv", action="append", default=[], metavar="VERSION=PATH", help="use this venv for a release (default: scripts/release_env.sh VERSION)")
+    p.add_argument("--json", metavar="FILE", help="write the release history as JSON")
+    p.add_argument("--markdown", metavar="FILE", help="write it as Markdown")
+    p.add_argument("--html", metavar="FILE", help="write it as one HTML page")
+    p.set_defaults(func=_cmd_matrix)
+
     p = sub.add_parser("check", help="a KV connector adapter's registration against the reference")
     p.add_argument("--connector", required=True, metavar="MODULE:NAME", help="adapter class/factory, e.g. mypkg.adapters:MyAdapter")
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
@@ -537,6 +545,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     p.set_defaults(func=_cmd_check)
     return parser
+
+
+def _releases(text: str) -> list[str]:
+    import re
+
+    versions = [v.strip() for v in text.split(",")]
+    bad = [v for v in versions if not re.fullmatch(r"0\.\d+\.\d+", v)]
+    if bad or not versions:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of vLLM releases such as 0.21.0,0.22.0 (bad: {bad})")
+    return versions
+
+
+def _cmd_matrix(args: argparse.Namespace) -> int:
+    from conformance.matrix import main_matrix
+
+    for target, what in ((args.json, "--json"), (args.markdown, "--markdown"), (args.html, "--html")):
+        _check_writable(target, what)
+    venvs = {}
+    for item in args.venv:
+        version, sep, path = item.partition("=")
+        if not sep or version not in args.releases or not (Path(path) / "bin" / "kvconform").exists():
+            raise UsageError(f"--venv {item!r}: expected VERSION=PATH for one of --releases, PATH a venv with kvconform installed")
+        venvs[version] = Path(path)
+    try:
+        return main_matrix(args.releases, venvs, *(Path(p) if p else None for p in (args.json, args.markdown, args.html)))
+    except RuntimeError as exc:  # a release venv that could not be made
+        raise NothingRan(str(exc)) from None
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:

@@ -1,0 +1,220 @@
+"""``kvconform matrix``: one report of release x check, across vLLM releases.
+
+For each release, in its own venv (``scripts/release_env.sh VERSION``, or ``--venv
+VERSION=PATH`` for one that exists), ``kvconform run`` on the cases that release's
+driver takes (``release_cases``), then the built-in connector checks (NIXL, Mooncake).
+Each is its own process, with that venv's ``kvconform``, so every check is the same
+code as a user's ``kvconform run`` there. The result
+(``kvconform.release-history/1``) lists per release the exit status, counts and each
+unexpected divergence with its replay command for that release, and per pair of
+consecutive releases the divergences that appear and vanish. Written as JSON, Markdown and
+HTML.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from reference.legacy import parse_version
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = "kvconform.release-history/1"
+CONNECTORS = {"nixl": "gpu_impl.connectors.nixl:NixlAdapter", "mooncake": "gpu_impl.connectors.mooncake:MooncakeAdapter"}
+GENERATION_1 = (parse_version("0.21.0"), parse_version("0.29.0"))
+"""Releases whose layout is generation 1 (per-backend shapes): ``reference.legacy``'s range."""
+STEP_TIMEOUT_S = 1800
+
+
+def release_cases(version: str) -> list[Any]:
+    """The cases a release is checked on: the generation-1 release cases for 0.21 to 0.28,
+    the named cases otherwise (a release no driver handles says so in one line)."""
+    v = parse_version(version)
+    if GENERATION_1[0] <= v < GENERATION_1[1]:
+        from suites.release_cases import gen1_cases
+
+        return gen1_cases(version)
+    from suites.named_cases import CASES
+
+    return list(CASES.values())
+
+
+def _venv_prefix(version: str) -> str:
+    """Put that release's venv first on PATH for the rest of the replay line."""
+    return f'export PATH="$(bash scripts/release_env.sh {version} | tail -n 1)/bin:$PATH" &&'
+
+
+def _run(cmd: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
+    try:
+        proc = subprocess.run(list(cmd), cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return 124, f"timed out after {STEP_TIMEOUT_S} s"
+    # The command's own verdict lines, not where it put vLLM's log (a temporary path).
+    lines = [line for line in (proc.stderr + proc.stdout).splitlines()
+             if line.startswith("kvconform:") and "own output:" not in line and "request schedules" not in line]
+    return proc.returncode, (lines[-1] if lines else (proc.stderr.strip().splitlines() or [""])[-1])[:400]
+
+
+def _divergences(report: Mapping[str, Any], version: str) -> list[dict[str, Any]]:
+    """Each unexpected divergence of a run report, with its replay line in that release's venv."""
+    out = []
+    for result in report.get("results", []):
+        replay = f"{_venv_prefix(version)} {result.get('replay', '')}"
+        for runner, row in result.get("runners", {}).items():
+            for d in row.get("divergences", []):
+                if d.get("expected_by") is None:
+                    out.append({"case": result["case"], "runner": runner, "kind": d["kind"], "field": d["field"],
+                                "message": d["message"], "replay": replay})
+        for m in result.get("mrv1_mrv2_mismatches", []):
+            if m.get("expected_by") is None:
+                out.append({"case": result["case"], "runner": "mrv1/mrv2", "kind": "mrv1_mrv2_mismatch", "field": m["field"],
+                            "message": f"{result['case']} [mrv1/mrv2] mrv1_mrv2_mismatch: {m['field']}: MRv1 {m['mrv1']} vs MRv2 {m['mrv2']}",
+                            "replay": replay})
+    return out
+
+
+def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
+    """``kvconform run`` and the connector checks of one release, each in its own process."""
+    env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(venv),
+               CUDA_VISIBLE_DEVICES="", KVCONFORM_VLLM_LOG=str(workdir / f"vllm-{version}.log"))
+    cases = release_cases(version)
+    case_files = []
+    for i, case in enumerate(cases):
+        path = workdir / f"{version}-case-{i}.json"
+        path.write_text(case.to_json())
+        case_files += ["--case", str(path)]
+    report_path = workdir / f"run-{version}.json"
+    t0 = time.monotonic()
+    code, line = _run([str(venv / "bin" / "kvconform"), "run", *case_files, "--json", str(report_path)], env)
+    run: dict[str, Any] = {"exit": code, "line": line, "cases": len(cases), "seconds": round(time.monotonic() - t0, 1)}
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
+        run.update(counts=report.get("counts", {}), complete=report.get("complete"),
+                   vllm=(report.get("environment") or {}).get("vllm"), divergences=_divergences(report, version))
+    checks = {}
+    for name, adapter in CONNECTORS.items():
+        target = workdir / f"check-{name}-{version}.json"
+        first = [c for c in cases if c.generation == 2][:4]
+        args = [arg for c in first for arg in ("--case", c.name)] or ["--case", "flashinfer-b128-k64"]
+        code, line = _run([str(venv / "bin" / "kvconform"), "check", "--connector", adapter, *args, "--json", str(target)], env)
+        checks[name] = {"exit": code, "line": line,
+                        "replay": f"{_venv_prefix(version)} kvconform check --connector {adapter} {shlex.join(args)}"}
+    return {"version": version, "venv": str(venv), "run": run, "checks": checks}
+
+
+def _key(d: Mapping[str, Any]) -> tuple[str, str, str, str]:
+    return (d["case"], d["runner"], d["kind"], d["field"])
+
+
+def transitions(releases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per consecutive pair: the unexpected divergences that appear and vanish."""
+    out = []
+    for before, after in zip(releases, releases[1:]):
+        a = {_key(d): d for d in before["run"].get("divergences", [])}
+        b = {_key(d): d for d in after["run"].get("divergences", [])}
+        out.append({
+            "from": before["version"], "to": after["version"],
+            "appeared": [b[k] for k in sorted(set(b) - set(a))],
+            "vanished": [a[k] for k in sorted(set(a) - set(b))],
+        })
+    return out
+
+
+def build(versions: Sequence[str], venv_of: Callable[[str], Path], workdir: Path, *, say: Callable[[str], None] = print) -> dict[str, Any]:
+    releases = []
+    for version in versions:
+        say(f"kvconform: matrix: vLLM {version}")
+        releases.append(check_release(version, venv_of(version), workdir))
+        run = releases[-1]["run"]
+        say(f"kvconform: matrix: vLLM {version}: run exit {run['exit']}, {len(run.get('divergences', []))} unexpected divergence(s)")
+    return {"schema": SCHEMA, "created": time.time(), "releases": releases, "transitions": transitions(releases)}
+
+
+def release_venv(version: str) -> Path:
+    """``scripts/release_env.sh VERSION``'s venv (made on first use)."""
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "release_env.sh"), version], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/release_env.sh {version} failed: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def to_markdown(history: Mapping[str, Any]) -> str:
+    lines = ["# kvconform release history", "", "| release | run | unexpected | NIXL check | Mooncake check |", "|---|---|---|---|---|"]
+    for r in history["releases"]:
+        run = r["run"]
+        counts = ", ".join(f"{n} {k}" for k, n in sorted((run.get("counts") or {}).items())) or run["line"]
+        lines.append(f"| {r['version']} | exit {run['exit']}: {counts} | {len(run.get('divergences', []))} | "
+                     f"exit {r['checks']['nixl']['exit']} | exit {r['checks']['mooncake']['exit']} |")
+    for t in history["transitions"]:
+        lines += ["", f"## {t['from']} -> {t['to']}", ""]
+        for label in ("appeared", "vanished"):
+            for d in t[label]:
+                lines += [f"- {label}: `{d['message']}`", f"  - replay: `{d['replay']}`"]
+        if not t["appeared"] and not t["vanished"]:
+            lines.append("- no change in unexpected divergences")
+    for r in history["releases"]:
+        lines += ["", f"## vLLM {r['version']}", "", f"- run: exit {r['run']['exit']}: {r['run']['line']}"]
+        for name, c in r["checks"].items():
+            lines.append(f"- {name} check: exit {c['exit']}: {c['line']}")
+        for d in r["run"].get("divergences", []):
+            lines += [f"- `{d['message']}`", f"  - replay: `{d['replay']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def to_html(history: Mapping[str, Any]) -> str:
+    """One standalone page: the release x check table, then the transitions and each release's divergences."""
+    e = html.escape
+    rows = "".join(
+        f"<tr><td>{e(r['version'])}</td><td>exit {r['run']['exit']}: "
+        f"{e(', '.join(f'{n} {k}' for k, n in sorted((r['run'].get('counts') or {}).items())) or r['run']['line'])}</td>"
+        f"<td>{len(r['run'].get('divergences', []))}</td>"
+        + "".join(f"<td>exit {c['exit']}: {e(c['line'])}</td>" for c in r["checks"].values())
+        + "</tr>"
+        for r in history["releases"]
+    )
+    parts = ["<!doctype html><meta charset=utf-8><title>kvconform release history</title>",
+             "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
+             "table{border-collapse:collapse}code{font-size:90%}</style>",
+             "<h1>kvconform release history</h1>",
+             f"<table><tr><th>release</th><th>run</th><th>unexpected</th>{''.join(f'<th>{e(n)} check</th>' for n in CONNECTORS)}</tr>{rows}</table>"]
+    for t in history["transitions"]:
+        items = [f"<li>{label}: <code>{e(d['message'])}</code><br>replay: <code>{e(d['replay'])}</code></li>"
+                 for label in ("appeared", "vanished") for d in t[label]]
+        parts.append(f"<h2>{e(t['from'])} &rarr; {e(t['to'])}</h2><ul>{''.join(items) or '<li>no change in unexpected divergences</li>'}</ul>")
+    return "\n".join(parts) + "\n"
+
+
+def write(history: Mapping[str, Any], json_path: Path | None, markdown: Path | None, html_path: Path | None) -> None:
+    if json_path is not None:
+        json_path.write_text(json.dumps(history, indent=1, sort_keys=True) + "\n")
+    if markdown is not None:
+        markdown.write_text(to_markdown(history))
+    if html_path is not None:
+        html_path.write_text(to_html(history))
+
+
+def main_matrix(versions: Sequence[str], venvs: Mapping[str, Path], json_path: Path | None, markdown: Path | None,
+                html_path: Path | None) -> int:
+    """0: every release ran without an unexpected divergence; 1: a release had one; 5: none ran."""
+    with tempfile.TemporaryDirectory(prefix="kvconform-matrix-") as tmp:
+        history = build(versions, lambda v: venvs.get(v) or release_venv(v), Path(tmp), say=lambda line: print(line, file=sys.stderr))
+    write(history, json_path, markdown, html_path)
+    print(to_markdown(history).split("\n## ")[0])
+    runs = [r["run"] for r in history["releases"]]
+    if any(run.get("divergences") for run in runs):
+        return 1
+    return 0 if any(run["exit"] in (0, 1) for run in runs) else 5
+
+
+__all__ = ["build", "check_release", "main_matrix", "release_cases", "to_html", "to_markdown", "transitions", "write"]

@@ -1,0 +1,61 @@
+"""``kvconform matrix``: the release history's transitions, renderings and input boundary (no release venv needed)."""
+
+from __future__ import annotations
+
+import json
+
+from conformance import matrix
+
+
+def _release(version: str, divergences: list[dict], exit_code: int = 0) -> dict:
+    return {
+        "version": version,
+        "venv": f"/venvs/{version}",
+        "run": {"exit": exit_code, "line": "", "cases": 7, "counts": {"pass": 14}, "divergences": divergences},
+        "checks": {name: {"exit": 5, "line": "kvconform: nothing ran: ...", "replay": "..."} for name in matrix.CONNECTORS},
+    }
+
+
+def _divergence(case: str, field: str) -> dict:
+    return {"case": case, "runner": "mrv1/mrv2", "kind": "mrv1_mrv2_mismatch", "field": field,
+            "message": f"{case} [mrv1/mrv2] mrv1_mrv2_mismatch: {field}: MRv1 (20,) vs MRv2 (10,)", "replay": f"replay {case}"}
+
+
+def test_transitions_list_what_appears_and_vanishes_between_consecutive_releases() -> None:
+    bug = _divergence("gen1-flashinfer-b128", "model.layers.0.self_attn.attn.shape")
+    other = _divergence("gen1-fa-b16", "model.layers.0.self_attn.attn.stride")
+    releases = [_release("0.21.0", [bug], 1), _release("0.22.0", []), _release("0.23.0", [other], 1)]
+    first, second = matrix.transitions(releases)
+    assert (first["from"], first["to"], first["appeared"], first["vanished"]) == ("0.21.0", "0.22.0", [], [bug])
+    assert (second["appeared"], second["vanished"]) == ([other], [])
+
+
+def test_renderings_carry_every_release_divergence_and_replay(tmp_path) -> None:
+    bug = _divergence("gen1-flashinfer-b128", "model.layers.0.self_attn.attn.shape")
+    releases = [_release("0.21.0", [bug], 1), _release("0.22.0", [])]
+    history = {"schema": matrix.SCHEMA, "created": 0, "releases": releases, "transitions": matrix.transitions(releases)}
+    matrix.write(history, tmp_path / "h.json", tmp_path / "h.md", tmp_path / "h.html")
+    md, page = (tmp_path / "h.md").read_text(), (tmp_path / "h.html").read_text()
+    assert "| 0.21.0 | exit 1: 14 pass | 1 |" in md and "vanished: `" + bug["message"] in md and "replay gen1-flashinfer-b128" in md
+    assert "0.21.0 &rarr; 0.22.0" in page and "replay gen1-flashinfer-b128" in page
+    assert json.loads((tmp_path / "h.json").read_text())["schema"] == "kvconform.release-history/1"
+
+
+def test_release_cases_follow_the_generation() -> None:
+    assert {c.generation for c in matrix.release_cases("0.21.0")} == {1}
+    assert all(c.vllm_version == "0.28.1" for c in matrix.release_cases("0.28.1"))
+    assert {c.generation for c in matrix.release_cases("0.33.0")} == {2}
+
+
+def test_bad_matrix_input_is_one_line_and_exit_4(tmp_path) -> None:
+    from test_cli import kvconform
+
+    for args, words in (
+        (["matrix", "--releases", "0.21"], "is not a comma-separated list of vLLM releases"),
+        (["matrix", "--releases", "0.21.0,latest"], "bad: ['latest']"),
+        (["matrix", "--releases", "0.21.0", "--venv", "0.22.0=/x"], "expected VERSION=PATH for one of --releases"),
+        (["matrix", "--releases", "0.21.0", "--json", str(tmp_path / "no" / "h.json")], "does not exist"),
+    ):
+        out = kvconform(*args)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 4 and len(lines) == 1 and words in lines[0], (args, out.stderr)
