@@ -87,15 +87,17 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from conformance.explain import explain
+    from conformance.explain import explain, explain_legacy
     from reference.derive import derive
     from reference.errors import ConfigError, NotModeledError, StartupError
+    from reference.legacy import derive_legacy
 
     case = _load_case(args.case)
-    if case.generation == 1:
-        return _explain_legacy(case, args)
+    legacy = case.generation == 1  # vLLM 0.21 to 0.28: reference.legacy
+    if legacy and args.html:
+        raise UsageError("--html draws generation-2 layouts only; drop it for a generation-1 case")
     try:
-        d = derive(case, args.runner)
+        d = (derive_legacy if legacy else derive)(case, args.runner)
     except StartupError as exc:
         print(f"case {case.name}: vLLM refuses this configuration ({exc.where}):\n  {exc.vllm_message}")
         return EXIT_OK
@@ -103,7 +105,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         raise NothingRan(f"case {case.name}: {exc}") from None
     except ConfigError as exc:
         raise UsageError(f"case {case.name}: {exc}") from None
-    print(explain(d, block_id=args.block))
+    print((explain_legacy if legacy else explain)(d, block_id=args.block))
     if args.html:
         from conformance.explain_svg import write_explain_html
 
@@ -111,27 +113,6 @@ def _cmd_explain(args: argparse.Namespace) -> int:
             write_explain_html(d, args.html, block_id=args.block)
         except OSError as exc:
             raise UsageError(f"cannot write {args.html!r}: {exc.strerror}") from None
-    return EXIT_OK
-
-
-def _explain_legacy(case: Any, args: argparse.Namespace) -> int:
-    """``explain`` of a generation-1 case (vLLM 0.21 to 0.28) through ``reference.legacy``."""
-    from conformance.explain import explain_legacy
-    from reference.errors import ConfigError, NotModeledError, StartupError
-    from reference.legacy import derive_legacy
-
-    if args.html:
-        raise UsageError("--html draws generation-2 layouts only; drop it for a generation-1 case")
-    try:
-        d = derive_legacy(case, args.runner)
-    except StartupError as exc:
-        print(f"case {case.name}: vLLM refuses this configuration ({exc.where}):\n  {exc.vllm_message}")
-        return EXIT_OK
-    except NotModeledError as exc:
-        raise NothingRan(f"case {case.name}: {exc}") from None
-    except ConfigError as exc:
-        raise UsageError(f"case {case.name}: {exc}") from None
-    print(explain_legacy(d, block_id=args.block))
     return EXIT_OK
 
 

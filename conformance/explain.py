@@ -57,17 +57,23 @@ def explain(d: Derivation, block_id: int = 1, max_blocks_shown: int = 4) -> str:
             [name, d.layer_backends[name], str(view.group_id), str(view.shape), str(view.stride), view.dtype, f"{view.byte_offset:,}"]
         )
     lines += _table(rows)
+    lines += _block_lines(d, block_id, "byte addresses in the pool")
+    return "\n".join(lines)
+
+
+def _block_lines(d, block_id: int, addresses: str) -> list[str]:
+    """Where one logical block of the first registered layer lives: page, K and V."""
     first = next(iter(d.registered))
     block = d.block_bytes(first, block_id)
-    lines += [
+    lines = [
         "",
-        f"  where logical block {block_id} of {first} lives (byte addresses in the pool):",
+        f"  where logical block {block_id} of {first} lives ({addresses}):",
         f"    page  {_region(block.page)}",
         f"    K     {_region(block.k)}",
     ]
     if block.v is not None:
         lines.append(f"    V     {_region(block.v)}")
-    return "\n".join(lines)
+    return lines
 
 
 def explain_legacy(d, block_id: int = 1) -> str:
@@ -93,14 +99,5 @@ def explain_legacy(d, block_id: int = 1) -> str:
     for name, view in d.registered.items():
         rows.append([name, d.layer_backends[name], str(view.shape), str(view.stride), view.dtype, str(d.tensor_index(name))])
     lines += _table(rows)
-    first = next(iter(d.registered))
-    block = d.block_bytes(first, block_id)
-    lines += [
-        "",
-        f"  where logical block {block_id} of {first} lives (virtual byte addresses: tensor i starts after tensors < i):",
-        f"    page  {_region(block.page)}",
-        f"    K     {_region(block.k)}",
-    ]
-    if block.v is not None:
-        lines.append(f"    V     {_region(block.v)}")
+    lines += _block_lines(d, block_id, "virtual byte addresses: tensor i starts after tensors < i")
     return "\n".join(lines)
