@@ -12,10 +12,11 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
     that split into kernel blocks (FlashInfer at 128) and that do not."""
 
     def case(name: str, backend: str, block_size: int, *, layout: str | None = None, heads: int = 8, head_size: int = 128,
-             layers: int = 2, dtype: str = "bfloat16") -> CaseConfig:
+             layers: int = 2, dtype: str = "bfloat16", kind: str = "full") -> CaseConfig:
         return CaseConfig(
             name=f"gen1-{name}",
-            layers=tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=heads, head_size=head_size)
+            layers=tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind=kind, backend=backend,
+                                     num_kv_heads=1 if kind == "mla" else heads, head_size=head_size)
                          for i in range(layers)),
             block_size=block_size,
             num_blocks=10,
@@ -33,4 +34,6 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
         case("fa-b128-hnd", "FLASH_ATTN", 128, layout="HND"),
         case("triton-b32", "TRITON_ATTN", 32, heads=4, head_size=64),
         case("flex-b16-hnd", "FLEX_ATTENTION", 16, layout="HND", dtype="float16"),
+        case("triton-mla-b64", "TRITON_MLA", 64, kind="mla", head_size=576),
+        case("flashmla-b128", "FLASHMLA", 128, kind="mla", head_size=576),
     ]

@@ -2,8 +2,9 @@
 
 For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
 
-1. the layers' specs are built from the case (``FullAttentionSpec``; the layers'
-   own ``get_kv_cache_spec`` is not run here: ``fidelity_reason`` says so);
+1. the layers' specs are built from the case (``FullAttentionSpec``, ``MLAAttentionSpec``
+   with one latent head; the layers' own ``get_kv_cache_spec`` is not run here:
+   ``fidelity_reason`` says so);
 2. vLLM's own planning: ``kv_cache_utils.get_kv_cache_groups`` and
    ``get_kv_cache_config_from_groups`` (``num_gpu_blocks_override`` = the case's blocks);
 3. the attention groups as both runners form them (per KV cache group, per backend and
@@ -32,7 +33,7 @@ FIDELITY_REASON = (
     "generation 1: specs built from the case, then vLLM's planning, prepare_kernel_block_sizes and each runner's "
     "own allocate/reshape functions (MRv1 GPUModelRunner methods on a stand-in runner, MRv2 gpu/attn_utils)"
 )
-SUPPORTED_KINDS = ("full",)
+SUPPORTED_KINDS = ("full", "mla")
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
 
 
@@ -55,12 +56,12 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
     unsupported = [layer.name for layer in case.layers if layer.kind not in SUPPORTED_KINDS or layer.is_draft]
     if unsupported:
         return Observation(case.name, runner, shims=applied,
-                           unsupported=f"the generation-1 driver builds full-attention target layers only (not {unsupported[0]!r})")
+                           unsupported=f"the generation-1 driver builds full-attention and MLA target layers only (not {unsupported[0]!r})")
     import torch
     from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
     from vllm.v1.worker.gpu.attn_utils import _allocate_kv_cache, _reshape_kv_cache
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
@@ -91,8 +92,12 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
         with set_current_vllm_config(vc):
             stage = "specs"
             specs = {
-                layer.name: FullAttentionSpec(block_size=case.block_size, num_kv_heads=layer.num_kv_heads,
-                                              head_size=layer.head_size, dtype=model_dtype)
+                # MLA keeps one latent "head" per token (MLAAttention.get_kv_cache_spec).
+                layer.name: MLAAttentionSpec(block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size,
+                                             dtype=model_dtype, cache_dtype_str="auto")
+                if layer.kind == "mla" else
+                FullAttentionSpec(block_size=case.block_size, num_kv_heads=layer.num_kv_heads,
+                                  head_size=layer.head_size, dtype=model_dtype)
                 for layer in case.layers
             }
             backends = {layer.name: AttentionBackendEnum[layer.backend].get_class() for layer in case.layers}
