@@ -116,10 +116,35 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _installed_generation1() -> str | None:
+    """The installed vLLM's version when it predates generation 2 (from its metadata:
+    no import), else None."""
+    import importlib.metadata as md
+
+    from reference.errors import ConfigError
+    from reference.legacy import GEN2_FIRST, parse_version
+
+    try:
+        version = md.version("vllm")
+    except md.PackageNotFoundError:
+        return None
+    try:
+        return version if parse_version(version) < GEN2_FIRST else None
+    except ConfigError:
+        return None
+
+
 def _select_cases(names: Sequence[str] | None):
+    """The named cases, or on a generation-1 vLLM that release's cases (suites/release_cases.py):
+    a bare ``kvconform run`` checks what the installed release can run."""
     from suites.named_cases import CASES
 
     if not names:
+        release = _installed_generation1()
+        if release is not None:
+            from suites.release_cases import gen1_cases
+
+            return gen1_cases(release)
         return list(CASES.values())
     return [_load_case(n) for n in names]
 

@@ -6,8 +6,9 @@ driver takes (``release_cases``), then the built-in connector checks (NIXL, Moon
 Each is its own process, with that venv's ``kvconform``, so every check is the same
 code as a user's ``kvconform run`` there. The result
 (``kvconform.release-history/1``) lists per release the exit status, counts and each
-unexpected divergence with its replay command for that release, and per pair of
-consecutive releases the divergences that appear and vanish. Written as JSON, Markdown and
+divergence with its replay command for that release (*known* when a shipped expectation
+cites the upstream bug behind it, else *unexpected*), and per pair of consecutive releases
+the divergences that appear and vanish. Written as JSON, Markdown and
 HTML.
 """
 
@@ -67,21 +68,30 @@ def _run(cmd: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
 
 
 def _divergences(report: Mapping[str, Any], version: str) -> list[dict[str, Any]]:
-    """Each unexpected divergence of a run report, with its replay line in that release's venv."""
+    """Each divergence of a run report, with its replay line in that release's venv and
+    ``known``: the id of the shipped expectation that explains it (an upstream bug with its
+    citation), or None for an unexpected one (which fails the run)."""
     out = []
     for result in report.get("results", []):
         replay = f"{_venv_prefix(version)} {result.get('replay', '')}"
         for runner, row in result.get("runners", {}).items():
             for d in row.get("divergences", []):
-                if d.get("expected_by") is None:
-                    out.append({"case": result["case"], "runner": runner, "kind": d["kind"], "field": d["field"],
-                                "message": d["message"], "replay": replay})
+                out.append({"case": result["case"], "runner": runner, "kind": d["kind"], "field": d["field"],
+                            "message": d["message"], "replay": replay, "known": d.get("expected_by")})
         for m in result.get("mrv1_mrv2_mismatches", []):
-            if m.get("expected_by") is None:
-                out.append({"case": result["case"], "runner": "mrv1/mrv2", "kind": "mrv1_mrv2_mismatch", "field": m["field"],
-                            "message": f"{result['case']} [mrv1/mrv2] mrv1_mrv2_mismatch: {m['field']}: MRv1 {m['mrv1']} vs MRv2 {m['mrv2']}",
-                            "replay": replay})
+            out.append({"case": result["case"], "runner": "mrv1/mrv2", "kind": "mrv1_mrv2_mismatch", "field": m["field"],
+                        "message": f"{result['case']} [mrv1/mrv2] mrv1_mrv2_mismatch: {m['field']}: MRv1 {m['mrv1']} vs MRv2 {m['mrv2']}",
+                        "replay": replay, "known": m.get("expected_by")})
     return out
+
+
+def unexpected(run: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The divergences of one release's run that no shipped expectation explains."""
+    return [d for d in run.get("divergences", []) if not d.get("known")]
+
+
+def _label(d: Mapping[str, Any]) -> str:
+    return f"known upstream [{d['known']}]" if d.get("known") else "unexpected"
 
 
 def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
@@ -118,7 +128,7 @@ def _key(d: Mapping[str, Any]) -> tuple[str, str, str, str]:
 
 
 def transitions(releases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per consecutive pair: the unexpected divergences that appear and vanish."""
+    """Per consecutive pair: the divergences (known or not) that appear and vanish."""
     out = []
     for before, after in zip(releases, releases[1:]):
         a = {_key(d): d for d in before["run"].get("divergences", [])}
@@ -137,7 +147,8 @@ def build(versions: Sequence[str], venv_of: Callable[[str], Path], workdir: Path
         say(f"kvconform: matrix: vLLM {version}")
         releases.append(check_release(version, venv_of(version), workdir))
         run = releases[-1]["run"]
-        say(f"kvconform: matrix: vLLM {version}: run exit {run['exit']}, {len(run.get('divergences', []))} unexpected divergence(s)")
+        say(f"kvconform: matrix: vLLM {version}: run exit {run['exit']}, {len(unexpected(run))} unexpected and "
+            f"{len(run.get('divergences', [])) - len(unexpected(run))} known divergence(s)")
     return {"schema": SCHEMA, "created": time.time(), "releases": releases, "transitions": transitions(releases)}
 
 
@@ -153,25 +164,30 @@ def release_venv(version: str) -> Path:
 
 
 def to_markdown(history: Mapping[str, Any]) -> str:
-    lines = ["# kvconform release history", "", "| release | run | unexpected | NIXL check | Mooncake check |", "|---|---|---|---|---|"]
+    lines = ["# kvconform release history", "",
+             "Each release in its own venv (`scripts/release_env.sh`), judged by the reference for that release; "
+             "a divergence is *known* when a shipped expectation (conformance/expectations.toml) cites the upstream "
+             "bug behind it, *unexpected* otherwise.", "",
+             "| release | run | unexpected | known | NIXL check | Mooncake check |", "|---|---|---|---|---|---|"]
     for r in history["releases"]:
         run = r["run"]
         counts = ", ".join(f"{n} {k}" for k, n in sorted((run.get("counts") or {}).items())) or run["line"]
-        lines.append(f"| {r['version']} | exit {run['exit']}: {counts} | {len(run.get('divergences', []))} | "
+        known = len(run.get("divergences", [])) - len(unexpected(run))
+        lines.append(f"| {r['version']} | exit {run['exit']}: {counts} | {len(unexpected(run))} | {known} | "
                      f"exit {r['checks']['nixl']['exit']} | exit {r['checks']['mooncake']['exit']} |")
     for t in history["transitions"]:
         lines += ["", f"## {t['from']} -> {t['to']}", ""]
         for label in ("appeared", "vanished"):
             for d in t[label]:
-                lines += [f"- {label}: `{d['message']}`", f"  - replay: `{d['replay']}`"]
+                lines += [f"- {label} ({_label(d)}): `{d['message']}`", f"  - replay: `{d['replay']}`"]
         if not t["appeared"] and not t["vanished"]:
-            lines.append("- no change in unexpected divergences")
+            lines.append("- no change in divergences")
     for r in history["releases"]:
         lines += ["", f"## vLLM {r['version']}", "", f"- run: exit {r['run']['exit']}: {r['run']['line']}"]
         for name, c in r["checks"].items():
             lines.append(f"- {name} check: exit {c['exit']}: {c['line']}")
         for d in r["run"].get("divergences", []):
-            lines += [f"- `{d['message']}`", f"  - replay: `{d['replay']}`"]
+            lines += [f"- {_label(d)}: `{d['message']}`", f"  - replay: `{d['replay']}`"]
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +197,7 @@ def to_html(history: Mapping[str, Any]) -> str:
     rows = "".join(
         f"<tr><td>{e(r['version'])}</td><td>exit {r['run']['exit']}: "
         f"{e(', '.join(f'{n} {k}' for k, n in sorted((r['run'].get('counts') or {}).items())) or r['run']['line'])}</td>"
-        f"<td>{len(r['run'].get('divergences', []))}</td>"
+        f"<td>{len(unexpected(r['run']))}</td><td>{len(r['run'].get('divergences', [])) - len(unexpected(r['run']))}</td>"
         + "".join(f"<td>exit {c['exit']}: {e(c['line'])}</td>" for c in r["checks"].values())
         + "</tr>"
         for r in history["releases"]
@@ -190,11 +206,11 @@ def to_html(history: Mapping[str, Any]) -> str:
              "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
              "table{border-collapse:collapse}code{font-size:90%}</style>",
              "<h1>kvconform release history</h1>",
-             f"<table><tr><th>release</th><th>run</th><th>unexpected</th>{''.join(f'<th>{e(n)} check</th>' for n in CONNECTORS)}</tr>{rows}</table>"]
+             f"<table><tr><th>release</th><th>run</th><th>unexpected</th><th>known</th>{''.join(f'<th>{e(n)} check</th>' for n in CONNECTORS)}</tr>{rows}</table>"]
     for t in history["transitions"]:
-        items = [f"<li>{label}: <code>{e(d['message'])}</code><br>replay: <code>{e(d['replay'])}</code></li>"
+        items = [f"<li>{label} ({e(_label(d))}): <code>{e(d['message'])}</code><br>replay: <code>{e(d['replay'])}</code></li>"
                  for label in ("appeared", "vanished") for d in t[label]]
-        parts.append(f"<h2>{e(t['from'])} &rarr; {e(t['to'])}</h2><ul>{''.join(items) or '<li>no change in unexpected divergences</li>'}</ul>")
+        parts.append(f"<h2>{e(t['from'])} &rarr; {e(t['to'])}</h2><ul>{''.join(items) or '<li>no change in divergences</li>'}</ul>")
     return "\n".join(parts) + "\n"
 
 
@@ -215,9 +231,9 @@ def main_matrix(versions: Sequence[str], venvs: Mapping[str, Path], json_path: P
     write(history, json_path, markdown, html_path)
     print(to_markdown(history).split("\n## ")[0])
     runs = [r["run"] for r in history["releases"]]
-    if any(run.get("divergences") for run in runs):
+    if any(unexpected(run) for run in runs):
         return 1
     return 0 if any(run["exit"] in (0, 1) for run in runs) else 5
 
 
-__all__ = ["build", "check_release", "main_matrix", "release_cases", "to_html", "to_markdown", "transitions", "write"]
+__all__ = ["build", "check_release", "unexpected", "main_matrix", "release_cases", "to_html", "to_markdown", "transitions", "write"]

@@ -16,9 +16,10 @@ def _release(version: str, divergences: list[dict], exit_code: int = 0) -> dict:
     }
 
 
-def _divergence(case: str, field: str) -> dict:
+def _divergence(case: str, field: str, known: str | None = None) -> dict:
     return {"case": case, "runner": "mrv1/mrv2", "kind": "mrv1_mrv2_mismatch", "field": field,
-            "message": f"{case} [mrv1/mrv2] mrv1_mrv2_mismatch: {field}: MRv1 (20,) vs MRv2 (10,)", "replay": f"replay {case}"}
+            "message": f"{case} [mrv1/mrv2] mrv1_mrv2_mismatch: {field}: MRv1 (20,) vs MRv2 (10,)", "replay": f"replay {case}",
+            "known": known}
 
 
 def test_transitions_list_what_appears_and_vanishes_between_consecutive_releases() -> None:
@@ -36,9 +37,22 @@ def test_renderings_carry_every_release_divergence_and_replay(tmp_path) -> None:
     history = {"schema": matrix.SCHEMA, "created": 0, "releases": releases, "transitions": matrix.transitions(releases)}
     matrix.write(history, tmp_path / "h.json", tmp_path / "h.md", tmp_path / "h.html")
     md, page = (tmp_path / "h.md").read_text(), (tmp_path / "h.html").read_text()
-    assert "| 0.21.0 | exit 1: 14 pass | 1 |" in md and "vanished: `" + bug["message"] in md and "replay gen1-flashinfer-b128" in md
+    assert "| 0.21.0 | exit 1: 14 pass | 1 | 0 |" in md and "vanished (unexpected): `" + bug["message"] in md
+    assert "replay gen1-flashinfer-b128" in md
     assert "0.21.0 &rarr; 0.22.0" in page and "replay gen1-flashinfer-b128" in page
     assert json.loads((tmp_path / "h.json").read_text())["schema"] == "kvconform.release-history/1"
+
+
+def test_a_known_divergence_is_listed_and_labelled_but_not_unexpected(tmp_path) -> None:
+    known = _divergence("gen1-flashinfer-b128", "model.layers.0.self_attn.attn.shape", known="mrv2-0.21-logical-block-views")
+    other = _divergence("gen1-fa-b16", "model.layers.0.self_attn.attn.stride")
+    releases = [_release("0.21.0", [known, other], 1), _release("0.22.0", [])]
+    assert matrix.unexpected(releases[0]["run"]) == [other]
+    history = {"schema": matrix.SCHEMA, "created": 0, "releases": releases, "transitions": matrix.transitions(releases)}
+    md = matrix.to_markdown(history)
+    assert "| 0.21.0 | exit 1: 14 pass | 1 | 1 |" in md
+    assert "vanished (known upstream [mrv2-0.21-logical-block-views]): `" + known["message"] in md
+    assert "known upstream" in matrix.to_html(history)
 
 
 def test_release_cases_follow_the_generation() -> None:
