@@ -93,7 +93,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from reference.legacy import derive_legacy
 
     case = _load_case(args.case)
-    legacy = case.generation == 1  # vLLM 0.21 to 0.28: reference.legacy
+    legacy = case.generation == 1  # vLLM 0.19 to 0.28: reference.legacy
     if legacy and args.html:
         raise UsageError("--html draws generation-2 layouts only; drop it for a generation-1 case")
     try:

@@ -34,7 +34,7 @@ STEP_TIMEOUT_S = 1800
 
 
 def release_cases(version: str) -> list[Any]:
-    """The cases a release is checked on: the generation-1 release cases for 0.21 to 0.28,
+    """The cases a release is checked on: the generation-1 release cases for 0.19 to 0.28,
     the named cases otherwise (a release no driver handles says so in one line)."""
     from reference.errors import ConfigError, NotModeledError
 

@@ -59,7 +59,7 @@ class Observation:
     num_blocks: int | None = None
     bytes_per_block: int | None = None
     tensors: tuple[TensorObs, ...] = ()
-    kernel_block_sizes: tuple[int, ...] = ()
+    kernel_block_sizes: tuple[int, ...] | None = ()
     registered: dict[str, ViewObs] = field(default_factory=dict)
     bound_shapes: dict[str, tuple[int, ...]] | None = field(default_factory=dict)
     """Shapes of the caches the layers were bound to (``bind_kv_cache``); None when not

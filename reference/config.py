@@ -153,7 +153,7 @@ class CaseConfig:
     connectors without HMA support): local-attention layers are allocated as full attention."""
     mamba_block_size: int | None = None
     generation: int = 2
-    """1: vLLM 0.21 to 0.28 (per-backend shapes, see reference.legacy); 2: 0.30 and later (KVCacheLayout)."""
+    """1: vLLM 0.19 to 0.28 (per-backend shapes, see reference.legacy); 2: 0.30 and later (KVCacheLayout)."""
     vllm_version: str = "0.33.0"
     note: str = field(default="", compare=False)
 

@@ -1,4 +1,4 @@
-"""Generation 1 of vLLM's KV-cache layout (vLLM 0.21 to 0.28): per-backend shapes.
+"""Generation 1 of vLLM's KV-cache layout (vLLM 0.19 to 0.28): per-backend shapes.
 
 Before the ``KVCacheLayout`` refactor every attention backend declared its own
 ``get_kv_cache_shape`` and ``get_kv_cache_stride_order``; the planner handed the
@@ -7,7 +7,7 @@ allocation; and each runner reshaped it per layer as
 
     raw.view(dtype).view(permuted_shape).permute(inverse_order)
 
-This module mirrors, for vLLM 0.21.0 to 0.28.x:
+This module mirrors, for vLLM 0.19.0 to 0.28.x:
 
 - ``vllm/v1/attention/backends/{flash_attn,flashinfer,triton_attn,flex_attention}.py``
   and ``mla/*.py``: ``get_kv_cache_shape`` / ``get_kv_cache_stride_order``;
@@ -58,13 +58,16 @@ from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout
 from reference.planning import KVCacheGroup, get_kv_cache_groups
-from reference.specs import AttentionSpec, LayerSpec, UniformTypeSpecs, layer_spec_of
+from reference.specs import AttentionSpec, KernelBlockSize, LayerSpec, MultipleOf, UniformTypeSpecs, layer_spec_of
 from reference.views import BlockBytes, Region, TensorView, make_region
 
 Version = tuple[int, int, int]
 
-GEN1_FIRST: Version = (0, 21, 0)
-"""Oldest release this module models (the #42846 release)."""
+GEN1_FIRST: Version = (0, 19, 0)
+"""Oldest release this module models. 0.19.1 and 0.20.0 were read with
+``scripts/probe_backend_facts.py`` (every backend's shape, stride orders and kernel block
+sizes) and checked case by case in their release venvs (``tests/releases``); what differs
+from 0.21 is in ``LEGACY_LAYOUT_OVERRIDES`` and ``LEGACY_KERNEL_BLOCK_SIZES``."""
 GEN1_END: Version = (0, 29, 0)
 """First release that no longer asks backends for shapes. The feasibility notes put the
 refactor at 0.30 but did not check 0.29; a downstream port note (an out-of-tree
@@ -134,9 +137,17 @@ LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
     ),
     "FLASHINFER": (_PACKING_UNKNOWN, _PACKED_028),
     # Triton honours HND in the table; that holds from the #37940 fix of issue #37703
-    # (reported on 0.17.2, before 0.21), whose regression test asserts every 5-D
-    # backend puts heads before tokens under HND.
-    "TRITON_ATTN": (_PACKING_UNKNOWN, _PACKED_028),
+    # (reported on 0.17.2), whose regression test asserts every 5-D backend puts heads
+    # before tokens under HND. Observed: 0.19.1 still returns the identity under HND,
+    # 0.20.0 on honours it.
+    "TRITON_ATTN": (
+        LegacyEra(GEN1_FIRST, bk.LegacyLayout("B2NHD", _ID5, _ID5),
+                  "observed on vLLM 0.19.1: TritonAttentionBackend.get_kv_cache_stride_order() is the identity under "
+                  "HND too (issue #37703, fixed by #37940 in 0.20.0)"),
+        LegacyEra((0, 20, 0), _B2NHD, "observed on vLLM 0.20.0 to 0.22.0: HND puts heads before tokens (#37940)"),
+        _PACKING_UNKNOWN,
+        _PACKED_028,
+    ),
     # The table gives Flex FA's HND order. Flex had no get_kv_cache_stride_order (older
     # flex_attention.py), so the runner's `except (AttributeError, NotImplementedError)`
     # fallback used the identity for HND too. Whether #42095 also moved Flex to
@@ -152,6 +163,36 @@ LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
         ),
     ),
 }
+
+@dataclass(frozen=True)
+class KernelSizesEra:
+    """A backend's ``get_supported_kernel_block_sizes()`` from ``since`` on (until the next
+    era); ``sizes`` None: the backend table's (vLLM 0.33.0's) again."""
+
+    since: Version
+    sizes: tuple[KernelBlockSize, ...] | None
+    source: str
+
+
+LEGACY_KERNEL_BLOCK_SIZES: dict[str, tuple[KernelSizesEra, ...]] = {
+    "FLEX_ATTENTION": (
+        KernelSizesEra(GEN1_FIRST, (MultipleOf(1),), "observed on vLLM 0.19.1 and 0.20.0: [MultipleOf(1)]"),
+        KernelSizesEra((0, 21, 0), None, "observed on vLLM 0.21.0 and 0.22.0: [MultipleOf(16)], as the table"),
+    ),
+}
+
+
+def legacy_kernel_block_sizes(backend_name: str, spec: AttentionSpec, capability: tuple[int, int],
+                              vllm_version: str) -> tuple[KernelBlockSize, ...]:
+    """The backend's supported kernel block sizes at ``vllm_version``."""
+    version = check_gen1_version(vllm_version)
+    started = [era for era in LEGACY_KERNEL_BLOCK_SIZES.get(backend_name, ()) if version >= era.since]
+    if started:
+        era = max(started, key=lambda e: e.since)
+        if era.sizes is not None:
+            return era.sizes
+    return bk.get_backend(backend_name).supported_kernel_block_sizes(spec, capability, gqa=not spec.kind.is_mla)
+
 
 # FA and Triton's get_kv_cache_shape raise ValueError("Block size must be a multiple of 16.").
 _BLOCK_MULTIPLE_OF_16 = ("FLASH_ATTN", "TRITON_ATTN")
@@ -241,7 +282,7 @@ def legacy_kv_cache_shape(
     *,
     vllm_version: str = "0.21.0",
 ) -> tuple[int, ...]:
-    """``AttentionBackend.get_kv_cache_shape`` of vLLM 0.21 to 0.28 (logical shape)."""
+    """``AttentionBackend.get_kv_cache_shape`` of vLLM 0.19 to 0.28 (logical shape)."""
     for label, value in (("num_blocks", num_blocks), ("block_size", block_size),
                          ("num_kv_heads", num_kv_heads), ("head_size", head_size)):
         if not isinstance(value, int) or value <= 0:
@@ -468,7 +509,7 @@ def use_mla(case: CaseConfig) -> bool:
     return any(layer.kind in ("mla", "sliding_window_mla") for layer in case.layers if not layer.is_draft)
 
 
-def _legacy_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> AttentionSpec:
+def legacy_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> AttentionSpec:
     if layer.kind not in MODELED_KINDS:
         raise NotModeledError(
             f"layer {layer.name!r}: kind {layer.kind!r} is not modeled in generation 1; "
@@ -491,24 +532,23 @@ def _legacy_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> Att
     return spec
 
 
-def _select(block_size: int, members: Iterable[tuple[str, AttentionSpec]], capability: tuple[int, int]) -> int:
+def _select(block_size: int, members: Iterable[tuple[str, AttentionSpec]], capability: tuple[int, int],
+            vllm_version: str) -> int:
     """``select_common_block_size`` over a group's (backend, spec) pairs (0.21 took no specs)."""
     pairs = dict.fromkeys(members)
     return select_common_block_size(
         block_size,
-        [
-            (name, bk.get_backend(name).supported_kernel_block_sizes(spec, capability, gqa=not spec.kind.is_mla))
-            for name, spec in pairs
-        ],
+        [(name, legacy_kernel_block_sizes(name, spec, capability, vllm_version)) for name, spec in pairs],
     )
 
 
 def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
-    """What ``register_kv_caches`` receives from ``runner`` in vLLM 0.21 to 0.28.
+    """What ``register_kv_caches`` receives from ``runner`` in vLLM 0.19 to 0.28.
 
     MRv1 (``_reshape_kv_cache_tensors``) and MRv2 from 0.22 reshape with kernel blocks:
-    ``get_kv_cache_shape(num_blocks * bs // kbs, kbs, H, D)``. MRv2 in 0.21
-    (``gpu/attn_utils._reshape_kv_cache``) uses ``(num_blocks, bs, H, D)`` (#42846).
+    ``get_kv_cache_shape(num_blocks * bs // kbs, kbs, H, D)``. MRv2 up to 0.21
+    (``gpu/attn_utils._reshape_kv_cache``) uses ``(num_blocks, bs, H, D)`` (#42846;
+    observed on 0.19.1, 0.20.0 and 0.21.0).
     """
     if runner not in ("mrv1", "mrv2"):
         raise ConfigError(f"runner {runner!r} is not one of mrv1, mrv2")
@@ -523,7 +563,7 @@ def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
     backends: dict[str, str] = {}
     for layer in case.layers:
         name = layer_backend(case, layer, runner)
-        specs[layer.name] = _legacy_spec(case, layer, name)
+        specs[layer.name] = legacy_spec(case, layer, name)
         backends[layer.name] = name
 
     # Gen 1 groups with the same HMA algorithm; a layer-compact layout keeps the
@@ -541,14 +581,14 @@ def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
     for group in groups:
         members = [(backends[n], grouped[n]) for n in group.layer_names]
         if expand:
-            kbs = _select(group.spec.block_size, members, case.capability)
+            kbs = _select(group.spec.block_size, members, case.capability, case.vllm_version)
             selected.append(kbs)
             kernel.append(kbs)
         else:
             # MRv2 0.21: nothing on the runner path calls select_common_block_size; a
             # connector (NIXL) still does, so record what it would get.
             try:
-                selected.append(_select(group.spec.block_size, members, case.capability))
+                selected.append(_select(group.spec.block_size, members, case.capability, case.vllm_version))
             except StartupError:
                 selected.append(None)
             kernel.append(group.spec.block_size)
@@ -646,9 +686,21 @@ def _layer_view(
 def mrv1_mrv2_differences(case: CaseConfig) -> list[str]:
     """Per-layer shape/stride differences between what MRv1 and MRv2 register.
 
-    Empty from 0.22 on (both reshape with kernel blocks); the #42846 split in 0.21.
+    Empty from 0.22 on (both reshape with kernel blocks); the #42846 split before. Where
+    one runner refuses and the other starts (before 0.22 MRv2 never asks for a kernel
+    block size, so it starts where no kernel block size fits), ``error: ...``.
     """
-    one, two = derive_legacy(case, "mrv1"), derive_legacy(case, "mrv2")
+
+    def outcome(runner: str) -> LegacyDerivation | StartupError:
+        try:
+            return derive_legacy(case, runner)
+        except StartupError as exc:
+            return exc
+
+    one, two = outcome("mrv1"), outcome("mrv2")
+    if isinstance(one, StartupError) or isinstance(two, StartupError):
+        said = ["starts" if isinstance(o, LegacyDerivation) else f"refuses ({o})" for o in (one, two)]
+        return [] if said[0] == said[1] else [f"error: MRv1 {said[0]} vs MRv2 {said[1]}"]
     out: list[str] = []
     for name, a in one.registered.items():
         b = two.registered[name]
@@ -690,6 +742,8 @@ def merged_runs(regions: Iterable[Region]) -> tuple[tuple[int, int], ...]:
 __all__ = [
     "GEN1_END",
     "GEN1_FIRST",
+    "legacy_kernel_block_sizes",
+    "legacy_spec",
     "LEGACY_LAYOUT_OVERRIDES",
     "LegacyDerivation",
     "LegacyEra",

@@ -1,4 +1,4 @@
-"""Cases for the drivers of older vLLM releases: generation 1 (vLLM 0.21 to 0.28), stamped with
+"""Cases for the drivers of older vLLM releases: generation 1 (vLLM 0.19 to 0.28), stamped with
 the release they are run against (``reference.legacy`` reads per-release facts off
 ``vllm_version``). ``tests/releases`` runs them in a release venv."""
 
@@ -33,7 +33,11 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
         case("fa-b16", "FLASH_ATTN", 16),
         case("fa-b128-hnd", "FLASH_ATTN", 128, layout="HND"),
         case("triton-b32", "TRITON_ATTN", 32, heads=4, head_size=64),
+        # Triton's HND order arrived in 0.20.0 (#37940); Flex's kernel block sizes went from
+        # multiples of 1 to multiples of 16 in 0.21.0 (a block of 8 then fails to start).
+        case("triton-b32-hnd", "TRITON_ATTN", 32, layout="HND", heads=4, head_size=64),
         case("flex-b16-hnd", "FLEX_ATTENTION", 16, layout="HND", dtype="float16"),
+        case("flex-b8", "FLEX_ATTENTION", 8, dtype="float16"),
         case("triton-mla-b64", "TRITON_MLA", 64, kind="mla", head_size=576),
         case("flashmla-b128", "FLASHMLA", 128, kind="mla", head_size=576),
     ]

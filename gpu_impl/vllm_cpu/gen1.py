@@ -1,4 +1,4 @@
-"""Observe a generation-1 vLLM (0.21 to 0.28: per-backend ``get_kv_cache_shape``) on CPU.
+"""Observe a generation-1 vLLM (0.19 to 0.28: per-backend ``get_kv_cache_shape``) on CPU.
 
 For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
 
@@ -13,7 +13,8 @@ For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
    the runner's own methods, on a stand-in ``self`` carrying what they read;
    MRv2: ``vllm/v1/worker/gpu/attn_utils.py`` ``_allocate_kv_cache`` and
    ``_reshape_kv_cache``, called with the arguments the installed release's signature
-   takes (0.21: no kernel block sizes; 0.22 on: ``kernel_block_sizes``).
+   takes (to 0.21: no kernel block sizes; 0.22 on: ``kernel_block_sizes``); MRv1's
+   ``_reshape_kv_cache_tensors`` too (0.19/0.20 also take the KV cache config).
 
 What each runner registered is read off the tensors. ``VLLM_KV_CACHE_LAYOUT`` (NHD/HND)
 comes from the case, as ``get_kv_cache_layout`` reads it (its cache is cleared).
@@ -51,6 +52,26 @@ def _view(t: Any) -> ViewObs:
     )
 
 
+def _call_with_signature(function: Any, self_: Any, **available: Any) -> Any:
+    """Call one of vLLM's functions with the arguments its installed signature names (by
+    name, from ``available``); ``self_`` first for an unbound method. A parameter without
+    a default that ``available`` lacks is a release this driver does not know: TypeError
+    names it, and the run says so."""
+    params = list(inspect.signature(function).parameters.values())
+    if self_ is not None:
+        params = params[1:]
+    missing = [p.name for p in params if p.name not in available and p.default is inspect.Parameter.empty
+               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if missing:
+        raise _UnknownSignature(f"{function.__qualname__} takes {', '.join(missing)}, which the generation-1 driver does not provide")
+    kwargs = {p.name: available[p.name] for p in params if p.name in available}
+    return function(self_, **kwargs) if self_ is not None else function(**kwargs)
+
+
+class _UnknownSignature(Exception):
+    """The installed release's function takes an argument the driver has no value for."""
+
+
 def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observation:
     """What ``runner`` of the installed generation-1 vLLM registers for ``case``."""
     unsupported = [layer.name for layer in case.layers if layer.kind not in SUPPORTED_KINDS or layer.is_draft]
@@ -62,6 +83,7 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+    from vllm.v1.worker.gpu import attn_utils as mrv2_attn_utils
     from vllm.v1.worker.gpu.attn_utils import _allocate_kv_cache, _reshape_kv_cache
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
@@ -124,8 +146,14 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
                     else:
                         by_backend[key].layer_names.append(name)
                 attn_groups.append(list(by_backend.values()))
-            kernel_block_sizes = prepare_kernel_block_sizes(kcc, attn_groups)
-            partial["kernel_block_sizes"] = tuple(kernel_block_sizes)
+            # MRv1 always picks kernel block sizes; MRv2 only from the release whose
+            # gpu/attn_utils.py calls prepare_kernel_block_sizes (0.22: #42766); before it
+            # its reshape takes none, so nothing is asked and nothing is recorded.
+            if runner == "mrv1" or hasattr(mrv2_attn_utils, "prepare_kernel_block_sizes"):
+                kernel_block_sizes = prepare_kernel_block_sizes(kcc, attn_groups)
+                partial["kernel_block_sizes"] = tuple(kernel_block_sizes)
+            else:
+                kernel_block_sizes = partial["kernel_block_sizes"] = None
             stage = "allocate"
             meta = torch.device("meta")
             if runner == "mrv1":
@@ -134,20 +162,23 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
                 me._kv_cache_spec_attn_group_iterator = lambda: GPUModelRunner._kv_cache_spec_attn_group_iterator(me)
                 me._update_hybrid_attention_mamba_layout = lambda *a: GPUModelRunner._update_hybrid_attention_mamba_layout(me, *a)
                 raw = GPUModelRunner._allocate_kv_cache_tensors(me, kcc)
-                views = GPUModelRunner._reshape_kv_cache_tensors(me, raw, kernel_block_sizes)
+                # 0.19/0.20 also pass the KV cache config; 0.21 on read it off self.
+                views = _call_with_signature(GPUModelRunner._reshape_kv_cache_tensors, me, kv_cache_config=kcc,
+                                             kv_cache_raw_tensors=raw, kernel_block_sizes=kernel_block_sizes)
             else:
-                # The installed release's signatures: 0.21 (kcc, device) / (kcc, raw, backends,
-                # cache_dtype); 0.22 on also the shared layers and kernel_block_sizes.
+                # The installed release's signatures: 0.19 to 0.21 (kcc, device) / (kcc, raw,
+                # backends, cache_dtype); 0.22 on also the shared layers and kernel_block_sizes.
                 allocate = inspect.signature(_allocate_kv_cache).parameters
                 raw = _allocate_kv_cache(kcc, meta) if len(allocate) == 2 else _allocate_kv_cache(kcc, {}, meta)
-                reshape = inspect.signature(_reshape_kv_cache).parameters
-                args = dict(kv_cache_config=kcc, kv_cache_raw_tensors=raw, attn_backends=backends, cache_dtype="auto",
-                            kernel_block_sizes=kernel_block_sizes, shared_kv_cache_layers={})
-                views = _reshape_kv_cache(**{k: v for k, v in args.items() if k in reshape})
+                views = _call_with_signature(_reshape_kv_cache, None, kv_cache_config=kcc, kv_cache_raw_tensors=raw,
+                                             attn_backends=backends, cache_dtype="auto", kernel_block_sizes=kernel_block_sizes,
+                                             shared_kv_cache_layers={})
             # In the case's layer order, as the runner's kv_caches dict.
             partial["registered"] = {layer.name: _view(views[layer.name]) for layer in case.layers if layer.name in views}
     except VLLM_ERRORS as exc:
         return Observation(case.name, runner, error=f"{type(exc).__name__}: {exc}", error_stage=stage, **partial)
+    except _UnknownSignature as exc:
+        return Observation(case.name, runner, shims=applied, unsupported=str(exc))
     finally:
         os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
         if saved_layout is not None:

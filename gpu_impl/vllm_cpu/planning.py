@@ -666,7 +666,7 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()
 
         problem = vllm_api.api_problem("gen1")
         if problem is not None:
-            return Observation(case.name, runner, unsupported=f"generation-1 cases need a vLLM 0.21 to 0.28: {problem}", shims=applied)
+            return Observation(case.name, runner, unsupported=f"generation-1 cases need a vLLM 0.19 to 0.28: {problem}", shims=applied)
         from gpu_impl.vllm_cpu import gen1
 
         return gen1.observe(case, runner, applied)

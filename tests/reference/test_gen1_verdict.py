@@ -9,6 +9,7 @@ import pytest
 
 from conformance.diff import compare, compare_runners
 from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
+from reference.errors import StartupError
 from reference.legacy import derive_legacy
 
 from suites.release_cases import gen1_cases
@@ -16,7 +17,11 @@ from suites.release_cases import gen1_cases
 
 def perfect(case, runner: str) -> Observation:
     """What a generation-1 vLLM that behaves exactly as the reference says would show."""
-    d = derive_legacy(case, runner)
+    try:
+        d = derive_legacy(case, runner)
+    except StartupError as exc:  # vLLM refuses with the predicted message
+        return Observation(case.name, runner, error=f"ValueError: {exc.vllm_message}", error_stage="kernel_block_sizes",
+                           fidelity="runner_methods")
     return Observation(
         case.name,
         runner,
@@ -56,8 +61,15 @@ def test_each_changed_fact_lands_in_its_kind() -> None:
     assert _kinds(case, "mrv1", dataclasses.replace(good, tensors=good.tensors[:1])) == {"tensor_placement"}
 
 
-def test_the_42846_shape_is_an_mrv1_mrv2_mismatch_on_0_21_only() -> None:
-    for version, mismatched in (("0.21.0", True), ("0.22.0", False)):
+def test_a_refusal_for_another_reason_does_not_conform() -> None:
+    case = CASES["gen1-flex-b8"]  # 0.21: no kernel block size fits block 8 under MRv1
+    wrong = dataclasses.replace(perfect(case, "mrv1"), error="ValueError: Block size must be a multiple of 16.")
+    assert compare(case, "mrv1", perfect(case, "mrv1")).status == "pass"
+    assert compare(case, "mrv1", wrong).status == "fail"
+
+
+def test_the_42846_shape_is_an_mrv1_mrv2_mismatch_before_0_22_only() -> None:
+    for version, mismatched in (("0.19.1", True), ("0.20.0", True), ("0.21.0", True), ("0.22.0", False)):
         case = next(c for c in gen1_cases(version) if c.name == "gen1-flashinfer-b128")
         diffs = compare_runners(case, perfect(case, "mrv1"), perfect(case, "mrv2"))
         assert bool(diffs) is mismatched, (version, [d.message for d in diffs])

@@ -217,6 +217,24 @@ def test_stride_orders_per_backend_and_overrides() -> None:
     # Override: Flex had no get_kv_cache_stride_order, so HND fell back to the identity.
     assert legacy_stride_order("FLEX_ATTENTION", "HND") == (0, 1, 2, 3, 4)
     assert legacy_stride_order("FLASH_ATTN", "NHD", vllm_version="0.28.0") == (0, 2, 1, 3)
+    # Observed on 0.19.1: Triton's HND order is still the identity (#37940 is in 0.20.0).
+    assert legacy_stride_order("TRITON_ATTN", "HND", vllm_version="0.19.1") == (0, 1, 2, 3, 4)
+    assert legacy_stride_order("TRITON_ATTN", "HND", vllm_version="0.20.0") == (0, 1, 3, 2, 4)
+
+
+def test_flex_kernel_block_sizes_per_release() -> None:
+    """Multiples of 1 on 0.19/0.20 (block 8 starts), of 16 from 0.21 (MRv1 refuses block 8;
+    MRv2 before 0.22 never asks, so the runners differ in outcome)."""
+    case = gen1("flex", [LayerConfig("l0", backend="FLEX_ATTENTION")], block_size=8, vllm_version="0.20.0")
+    assert derive_legacy(case, "mrv1").kernel_block_sizes == (8,)
+    later = case.with_(vllm_version="0.21.0")
+    with pytest.raises(StartupError, match="No common block size for 8"):
+        derive_legacy(later, "mrv1")
+    assert derive_legacy(later, "mrv2").kernel_block_sizes == (8,)
+    assert mrv1_mrv2_differences(later) and mrv1_mrv2_differences(later)[0].startswith("error: MRv1 refuses")
+    with pytest.raises(StartupError):
+        derive_legacy(later.with_(vllm_version="0.22.0"), "mrv2")
+    assert mrv1_mrv2_differences(later.with_(vllm_version="0.22.0")) == []
 
 
 def test_permuted_view_strides_uses_the_inverse_order() -> None:
@@ -238,6 +256,8 @@ def test_unverified_versions_are_refused_not_guessed() -> None:
         legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.33.0")
     assert parse_version("0.22.1rc1.dev116+g71df063c4") == (0, 22, 1)
     assert parse_version("v0.28") == (0, 28, 0)
+    with pytest.raises(NotModeledError, match="older than 0.19.0"):
+        legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.18.1")
 
 
 def test_flash_attn_block_size_not_multiple_of_16() -> None:

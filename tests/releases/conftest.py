@@ -1,7 +1,7 @@
 """Tests of the drivers of older vLLM releases, run in a release venv
 (``bash scripts/release_env.sh 0.21.0``, then that venv's ``python -m pytest tests/releases``).
 
-Skipped, with the reason, where the installed vLLM is not a generation-1 release (0.21 to
+Skipped, with the reason, where the installed vLLM is not a generation-1 release (0.19 to
 0.28): the project's own venv holds 0.33.0, and CI builds no release venv.
 """
 

@@ -1,15 +1,15 @@
-"""Both runners of a generation-1 vLLM (0.21 to 0.28) through their own allocate/reshape
+"""Both runners of a generation-1 vLLM (0.19 to 0.28) through their own allocate/reshape
 code (``gpu_impl.vllm_cpu.gen1``) against ``reference.legacy``, and against each other:
 vLLM #42846 (MRv2 registering logical blocks where the kernel's are smaller: FlashInfer
-and FlashMLA at block 128) must show on 0.21.x as an MRv1/MRv2 mismatch of exactly the
-layers the reference predicts, and nowhere on 0.22 and later."""
+and FlashMLA at block 128) must show before 0.22 (0.19.1 to 0.21.x) as an MRv1/MRv2 mismatch of exactly
+the layers the reference predicts, and nowhere on 0.22 and later."""
 
 from __future__ import annotations
 
 import pytest
 
 from conformance.diff import compare, compare_runners
-from reference.legacy import mrv1_mrv2_differences
+from reference.legacy import MRV2_KERNEL_BLOCKS_SINCE, mrv1_mrv2_differences, parse_version
 from suites.release_cases import gen1_cases
 
 
@@ -40,7 +40,8 @@ def test_each_runner_conforms_and_only_42846_splits_them(case) -> None:
     # 0.21 MRv2 reshapes with the logical block size wherever the kernel's is smaller).
     predicted = {line.split(":", 1)[0] for line in mrv1_mrv2_differences(case)}
     assert {d.field.rsplit(".", 1)[0] for d in mismatches} == predicted, [d.message for d in mismatches]
-    if _version().startswith("0.21.") and case.block_size == 128 and case.layers[0].backend in ("FLASHINFER", "FLASHMLA"):
+    before_fix = parse_version(_version()) < MRV2_KERNEL_BLOCKS_SINCE
+    if before_fix and case.block_size == 128 and case.layers[0].backend in ("FLASHINFER", "FLASHMLA"):
         assert predicted and all(d.expected[0] == 2 * d.observed[0] for d in mismatches if d.field.endswith(".shape"))
-    elif not _version().startswith("0.21."):
+    elif not before_fix:
         assert mismatches == (), [d.message for d in mismatches]
