@@ -460,6 +460,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
         raise UsageError(f"--connector {args.connector!r}: importing it raised {detail}") from None
     cases = _select_cases(args.case)
+    if any(c.generation == 1 for c in cases):
+        return _check_generation1(args, cases)
     report = validate_registration(args.connector, cases=cases, runners=tuple(args.runner or ("mrv1", "mrv2")))
     if args.json != "-":
         print(report.format())
@@ -467,6 +469,30 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if not any(r.status != "skipped" for r in report.results):
         return EXIT_NOTHING_RAN
     return EXIT_OK if report.ok else EXIT_DIVERGENCE
+
+
+def _check_generation1(args: argparse.Namespace, cases: Sequence[Any]) -> int:
+    """Generation-1 cases: the installed release's own Mooncake worker, judged by reference.legacy
+    (conformance/connectors/gen1_mooncake.py)."""
+    from conformance.connectors import gen1_mooncake
+
+    if any(c.generation != 1 for c in cases):
+        raise UsageError("--case: generation-1 and generation-2 cases cannot be checked in one run; check them separately")
+    if args.connector != gen1_mooncake.CONNECTOR:
+        raise NothingRan(f"generation-1 cases are checked with the built-in Mooncake connector only "
+                         f"(--connector {gen1_mooncake.CONNECTOR}); {args.connector} has no generation-1 driver")
+    release = _installed_generation1()
+    if release is None:
+        raise NothingRan("generation-1 cases need a generation-1 vLLM (0.19 to 0.28) installed, e.g. "
+                         "`bash scripts/release_env.sh 0.20.0`")
+    results = gen1_mooncake.check(cases, tuple(args.runner or ("mrv1", "mrv2")))
+    if args.json != "-":
+        print(f"kvconform: vLLM {release}'s MooncakeConnectorWorker on what each runner registers, {len(cases)} case(s)")
+        print(gen1_mooncake.format_results(results))
+    _write_json(gen1_mooncake.to_dict(results, release), args.json)
+    if all(r.status == "unsupported" for r in results):
+        return EXIT_NOTHING_RAN
+    return EXIT_DIVERGENCE if any(r.status == "failure" for r in results) else EXIT_OK
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

@@ -115,12 +115,38 @@ def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
     checks = {}
     for name, adapter in CONNECTORS.items():
         target = workdir / f"check-{name}-{version}.json"
+        # Generation 1: the release's cases (its own Mooncake worker; NIXL says it has no
+        # generation-1 driver). Generation 2: four named cases.
+        gen1 = [path for path, c in zip(case_files[1::2], cases) if c.generation == 1]
         first = [c for c in cases if c.generation == 2][:4]
-        args = [arg for c in first for arg in ("--case", c.name)] or ["--case", "flashinfer-b128-k64"]
+        args = ([arg for path in gen1 for arg in ("--case", path)] or
+                [arg for c in first for arg in ("--case", c.name)] or ["--case", "flashinfer-b128-k64"])
         code, line = _run([str(venv / "bin" / "kvconform"), "check", "--connector", adapter, *args, "--json", str(target)], env)
+        shown = "" if gen1 else " " + shlex.join(args)  # generation-1 cases: the release's own (bare check)
         checks[name] = {"exit": code, "line": line,
-                        "replay": f"{_venv_prefix(version)} kvconform check --connector {adapter} {shlex.join(args)}"}
+                        "replay": f"{_venv_prefix(version)} kvconform check --connector {adapter}{shown}"}
+        if target.exists():
+            found = json.loads(target.read_text())
+            checks[name]["counts"] = found.get("counts") or _connector_counts(found)
+            checks[name]["failures"] = [
+                {"case": r["case"], "runner": r["runner"], "detail": r["detail"], "findings": r.get("findings", [])[:2],
+                 "replay": f"{_venv_prefix(version)} {r.get('replay', '')}"}
+                for r in found.get("results", []) if r.get("status") in ("failure", "refusal")]
     return {"version": version, "venv": str(venv), "run": run, "checks": checks}
+
+
+def _connector_counts(report: Mapping[str, Any]) -> dict[str, int]:
+    """Status counts of a generation-2 connector report (its results carry ``status``)."""
+    counts: dict[str, int] = {}
+    for r in report.get("results", []):
+        status = str(r.get("status", "?"))
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def _check_cell(c: Mapping[str, Any]) -> str:
+    counts = ", ".join(f"{n} {k}" for k, n in sorted((c.get("counts") or {}).items()) if n)
+    return f"exit {c['exit']}: {counts}" if counts else f"exit {c['exit']}"
 
 
 def _key(d: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -174,7 +200,7 @@ def to_markdown(history: Mapping[str, Any]) -> str:
         counts = ", ".join(f"{n} {k}" for k, n in sorted((run.get("counts") or {}).items())) or run["line"]
         known = len(run.get("divergences", [])) - len(unexpected(run))
         lines.append(f"| {r['version']} | exit {run['exit']}: {counts} | {len(unexpected(run))} | {known} | "
-                     f"exit {r['checks']['nixl']['exit']} | exit {r['checks']['mooncake']['exit']} |")
+                     f"{_check_cell(r['checks']['nixl'])} | {_check_cell(r['checks']['mooncake'])} |")
     for t in history["transitions"]:
         lines += ["", f"## {t['from']} -> {t['to']}", ""]
         for label in ("appeared", "vanished"):
@@ -185,7 +211,10 @@ def to_markdown(history: Mapping[str, Any]) -> str:
     for r in history["releases"]:
         lines += ["", f"## vLLM {r['version']}", "", f"- run: exit {r['run']['exit']}: {r['run']['line']}"]
         for name, c in r["checks"].items():
-            lines.append(f"- {name} check: exit {c['exit']}: {c['line']}")
+            lines.append(f"- {name} check: {_check_cell(c)}: {c['line']}")
+            for f in c.get("failures", []):
+                lines += [f"  - {f['case']} [{f['runner']}]: {f['detail']}"] + [f"    - {x}" for x in f["findings"]]
+                lines.append(f"    - replay: `{f['replay']}`")
         for d in r["run"].get("divergences", []):
             lines += [f"- {_label(d)}: `{d['message']}`", f"  - replay: `{d['replay']}`"]
     return "\n".join(lines) + "\n"
@@ -198,7 +227,7 @@ def to_html(history: Mapping[str, Any]) -> str:
         f"<tr><td>{e(r['version'])}</td><td>exit {r['run']['exit']}: "
         f"{e(', '.join(f'{n} {k}' for k, n in sorted((r['run'].get('counts') or {}).items())) or r['run']['line'])}</td>"
         f"<td>{len(unexpected(r['run']))}</td><td>{len(r['run'].get('divergences', [])) - len(unexpected(r['run']))}</td>"
-        + "".join(f"<td>exit {c['exit']}: {e(c['line'])}</td>" for c in r["checks"].values())
+        + "".join(f"<td>{e(_check_cell(c))}: {e(c['line'])}</td>" for c in r["checks"].values())
         + "</tr>"
         for r in history["releases"]
     )

@@ -724,6 +724,53 @@ def mooncake_legacy_block_size(view: TensorView, use_mla: bool) -> int:
     return view.shape[-2 if use_mla else -3]
 
 
+MOONCAKE_KERNEL_SYNC_SINCE: Version = (0, 20, 0)
+"""vLLM #39596 ("[Mooncake] Fix mixed MLA+Eagle block-size validation", in 0.20.0) removed
+``assert self.block_size == cache.shape[-2 if self.use_mla else -3]`` from
+``MooncakeConnectorWorker.register_kv_caches`` and added ``_sync_block_size_with_kernel``
+(the worker's block size becomes ``select_common_block_size`` over the backends).
+Observed: 0.19.1 has the assert, 0.20.0 the sync."""
+
+
+def mooncake_block_size(d: LegacyDerivation) -> int:
+    """``MooncakeConnectorWorker.block_size`` when ``register_kv_caches`` runs: the
+    configured block size before #39596, the common kernel block size after."""
+    if d.version < MOONCAKE_KERNEL_SYNC_SINCE:
+        return d.case.block_size
+    selected = [k for k in d.selected_kernel_block_sizes if k is not None]
+    return min(selected) if selected else d.case.block_size
+
+
+def mooncake_refusal(d: LegacyDerivation) -> str | None:
+    """Why Mooncake's worker refuses what ``d``'s runner registers, or None: from #39596 its
+    ``__init__`` needs a common kernel block size; ``register_kv_caches`` needs every
+    tensor to have the first one's ``shape[0]`` and, before #39596, the
+    token axis the heuristic reads (``mooncake_legacy_block_size``) must equal the
+    configured block size. ``use_mla`` is the target model's, as vLLM's ModelConfig has it."""
+    mla = any(layer.kind == "mla" for layer in d.case.layers if not layer.is_draft)
+    if d.version >= MOONCAKE_KERNEL_SYNC_SINCE and None in d.selected_kernel_block_sizes:
+        # _sync_block_size_with_kernel asks select_common_block_size, which finds none
+        # (MRv2 before 0.22 never asked, so the runner started).
+        return f"no common kernel block size for {d.case.block_size} (_sync_block_size_with_kernel)"
+    first: int | None = None
+    for name, view in d.registered.items():
+        if first is None:
+            first = view.shape[0]
+        if view.shape[0] != first:
+            return f"{name}: shape[0] {view.shape[0]} != {first} ('All kv cache tensors must have the same number of blocks')"
+        if d.version < MOONCAKE_KERNEL_SYNC_SINCE:
+            read = mooncake_legacy_block_size(view, mla)
+            if read != d.case.block_size:
+                axis = -2 if mla else -3
+                layer = next(c for c in d.case.layers if c.name == name)
+                why = (f"use_mla={mla} is model-global, so a non-MLA layer's heads are read: vLLM #39596"
+                       if mla and layer.kind != "mla" else
+                       f"the runner viewed it in kernel blocks of {d.kernel_block_sizes[d.group_of(name)]}")
+                return (f"{name}: shape[{axis}] of {view.shape} is {read}, not the block size {d.case.block_size} "
+                        f"(assert self.block_size == kernel_block_size; {why})")
+    return None
+
+
 # --- helpers for byte-set comparisons -----------------------------------------------------
 
 
@@ -756,7 +803,10 @@ __all__ = [
     "legacy_layout",
     "legacy_stride_order",
     "merged_runs",
+    "MOONCAKE_KERNEL_SYNC_SINCE",
+    "mooncake_block_size",
     "mooncake_legacy_block_size",
+    "mooncake_refusal",
     "mrv1_mrv2_differences",
     "parse_version",
     "permuted_view_strides",

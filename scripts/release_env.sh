@@ -27,14 +27,16 @@ venv="$cache/venv-release-$version"
 torch_release="${KVCONFORM_RELEASE_TORCH:-2.13.0}"
 python="${KVCONFORM_PYTHON:-python3}"
 stamp="$venv/.kvconform-release-stamp"
-want="vllm==$version torch==$torch_release $root $(sha256sum "$root/pyproject.toml" | cut -c1-16)"
+# A changed pyproject.toml or a changed script (e.g. another module to import) updates the venv.
+want="vllm==$version torch==$torch_release $root $(cat "$root/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)"
 # What vLLM's layout, runner and connector modules import at module level (read off
 # vLLM 0.21.0 and 0.22.0); anything a release needs beyond this is found below.
 LAYOUT_DEPS=(regex cachetools psutil numpy requests tqdm py-cpuinfo transformers tokenizers aiohttp openai
   pydantic prometheus_client pillow llguidance xgrammar msgspec gguf pyyaml pyzmq einops cloudpickle pybase64
   cbor2 openai-harmony uvloop)
 MODULES=(vllm vllm.config vllm.v1.core.kv_cache_utils vllm.v1.kv_cache_interface vllm.v1.worker.gpu_model_runner
-  vllm.v1.worker.block_table vllm.v1.attention.backends.flashinfer vllm.v1.attention.backends.flash_attn)
+  vllm.v1.worker.block_table vllm.v1.attention.backends.flashinfer vllm.v1.attention.backends.flash_attn
+  vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector)
 
 pip() { "$venv/bin/python" -m pip --quiet --disable-pip-version-check "$@"; }
 
@@ -59,7 +61,8 @@ pip install "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100" "rich>=13" "torc
 
 # Whatever this release imports beyond LAYOUT_DEPS: install it and try again.
 declare -A PACKAGE_OF=([cv2]=opencv-python-headless [yaml]=pyyaml [zmq]=pyzmq [cpuinfo]=py-cpuinfo [PIL]=pillow
-  [google]=protobuf [sklearn]=scikit-learn [dotenv]=python-dotenv [flashinfer]=flashinfer-python [tvm_ffi]=apache-tvm-ffi [pynvml]=nvidia-ml-py)
+  [google]=protobuf [sklearn]=scikit-learn [dotenv]=python-dotenv [flashinfer]=flashinfer-python [tvm_ffi]=apache-tvm-ffi [pynvml]=nvidia-ml-py
+  [opentelemetry]=opentelemetry-api [multipart]=python-multipart [email_validator]=email-validator)
 for attempt in $(seq 1 30); do
   if out=$(cd "$root" && CUDA_VISIBLE_DEVICES="" "$venv/bin/python" -c "
 import importlib, sys
@@ -101,6 +104,13 @@ else:
   echo "kvconform: vLLM $version also needs $spec" >&2
   pip install --no-deps "$spec"
 done
+# Release venvs share most files (torch, triton, numpy are the same wheels): where
+# util-linux's hardlink is available, identical files become one copy on disk (about 2 GB
+# saved per extra release). pip replaces files rather than writing into them, so an upgrade
+# in one venv never changes another.
+if command -v hardlink > /dev/null; then
+  hardlink -q "$cache"/venv-release-* > /dev/null 2>&1 || true
+fi
 size=$(du -sh "$venv" | cut -f1)
 printf '%s\n%s\n' "$want" "installed in $(( $(date +%s) - start )) s, $size" > "$stamp"
 echo "kvconform: vLLM $version ready in $venv ($size, $(( $(date +%s) - start )) s)" >&2

@@ -26,6 +26,11 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
             vllm_version=vllm_version,
         )
 
+    def mla_eagle(name: str, block_size: int) -> CaseConfig:
+        target = case(name, "FLASHMLA", block_size, kind="mla", head_size=576)
+        draft = LayerConfig("model.layers.2.self_attn.attn", backend="FLASHINFER", num_kv_heads=8, head_size=128, is_draft=True)
+        return target.with_(layers=target.layers + (draft,), num_blocks=4)
+
     return [
         case("flashinfer-b128", "FLASHINFER", 128),
         case("flashinfer-b128-hnd", "FLASHINFER", 128, layout="HND"),
@@ -40,4 +45,8 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
         case("flex-b8", "FLEX_ATTENTION", 8, dtype="float16"),
         case("triton-mla-b64", "TRITON_MLA", 64, kind="mla", head_size=576),
         case("flashmla-b128", "FLASHMLA", 128, kind="mla", head_size=576),
+        # An MLA target with a GQA (Eagle) draft: Mooncake's pre-#39596 registration check
+        # reads the draft's heads as its block size (vLLM 0.19.x); at 128 the kernel split too.
+        mla_eagle("mla-eagle-b64", 64),
+        mla_eagle("mla-eagle-b128", 128),
     ]

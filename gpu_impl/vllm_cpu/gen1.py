@@ -7,8 +7,12 @@ For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
    ``fidelity_reason`` says so);
 2. vLLM's own planning: ``kv_cache_utils.get_kv_cache_groups`` and
    ``get_kv_cache_config_from_groups`` (``num_gpu_blocks_override`` = the case's blocks);
-3. the attention groups as both runners form them (per KV cache group, per backend and
-   spec) and vLLM's ``prepare_kernel_block_sizes``;
+3. the attention groups from MRv1's own ``GPUModelRunner.initialize_attn_backend`` (on a
+   stand-in runner, over stand-in layers that answer ``get_attn_backend`` /
+   ``get_kv_cache_spec`` with the case's backend and spec), then vLLM's
+   ``prepare_kernel_block_sizes`` on them (MRv2's kernel block sizes too, where its
+   release asks for them: its own ``init_attn_backend`` builds metadata builders, which
+   need a model);
 4. MRv1: ``GPUModelRunner._allocate_kv_cache_tensors`` and ``_reshape_kv_cache_tensors``,
    the runner's own methods, on a stand-in ``self`` carrying what they read;
    MRv2: ``vllm/v1/worker/gpu/attn_utils.py`` ``_allocate_kv_cache`` and
@@ -25,14 +29,16 @@ from __future__ import annotations
 
 import inspect
 import os
+from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
 
 FIDELITY_REASON = (
-    "generation 1: specs built from the case, then vLLM's planning, prepare_kernel_block_sizes and each runner's "
-    "own allocate/reshape functions (MRv1 GPUModelRunner methods on a stand-in runner, MRv2 gpu/attn_utils)"
+    "generation 1: specs built from the case (stand-in layers), then vLLM's planning, MRv1's initialize_attn_backend "
+    "and prepare_kernel_block_sizes, and each runner's own allocate/reshape functions (MRv1 GPUModelRunner methods on a "
+    "stand-in runner, MRv2 gpu/attn_utils); MRv2's kernel block sizes from MRv1's attention groups"
 )
 SUPPORTED_KINDS = ("full", "mla")
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
@@ -68,16 +74,40 @@ def _call_with_signature(function: Any, self_: Any, **available: Any) -> Any:
     return function(self_, **kwargs) if self_ is not None else function(**kwargs)
 
 
+@dataclass(frozen=True)
+class RegisteredKV:
+    """What a runner hands a connector: the ``kv_caches`` it registered and the planning they came from."""
+
+    vllm_config: Any
+    """The case's ``VllmConfig`` (current while ``on_registered`` runs)."""
+    kv_cache_config: Any
+    """vLLM's ``KVCacheConfig`` for the case."""
+    backends: dict[str, Any]
+    """Layer name -> attention backend class."""
+    kernel_block_sizes: list[int] | None
+    """What ``prepare_kernel_block_sizes`` returned, per group (None: the runner asks for none)."""
+    kv_caches: dict[str, Any]
+    """Layer name -> the registered tensor, in the case's layer order."""
+
+
 class _UnknownSignature(Exception):
     """The installed release's function takes an argument the driver has no value for."""
 
 
-def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observation:
-    """What ``runner`` of the installed generation-1 vLLM registers for ``case``."""
-    unsupported = [layer.name for layer in case.layers if layer.kind not in SUPPORTED_KINDS or layer.is_draft]
+def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: str = "meta",
+            on_registered: Callable[[RegisteredKV], None] | None = None) -> Observation:
+    """What ``runner`` of the installed generation-1 vLLM registers for ``case``.
+
+    ``device="cpu"`` allocates real tensors (a connector needs addresses and bytes);
+    ``on_registered`` is then called with them while the case's vLLM config and
+    ``VLLM_KV_CACHE_LAYOUT`` are still in force, as a connector's ``register_kv_caches``
+    runs inside the runner's ``initialize_kv_cache``. It must handle its own errors: an
+    exception from it is not the runner's."""
+    unsupported = [layer.name for layer in case.layers
+                   if layer.kind not in SUPPORTED_KINDS or (layer.is_draft and layer.kind != "full")]
     if unsupported:
         return Observation(case.name, runner, shims=applied,
-                           unsupported=f"the generation-1 driver builds full-attention and MLA target layers only (not {unsupported[0]!r})")
+                           unsupported=f"the generation-1 driver builds full-attention and MLA layers and full-attention drafts only (not {unsupported[0]!r})")
     import torch
     from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -85,11 +115,12 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
     from vllm.v1.worker.gpu import attn_utils as mrv2_attn_utils
     from vllm.v1.worker.gpu.attn_utils import _allocate_kv_cache, _reshape_kv_cache
+    from vllm.v1.worker import gpu_model_runner as gpu_model_runner_module
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    from vllm.v1.worker.utils import AttentionGroup, prepare_kernel_block_sizes
+    from vllm.v1.worker.utils import prepare_kernel_block_sizes
 
-    runner_methods = ("_allocate_kv_cache_tensors", "_reshape_kv_cache_tensors", "_kv_cache_spec_attn_group_iterator",
-                      "_update_hybrid_attention_mamba_layout")
+    runner_methods = ("initialize_attn_backend", "_allocate_kv_cache_tensors", "_reshape_kv_cache_tensors",
+                      "_kv_cache_spec_attn_group_iterator", "_update_hybrid_attention_mamba_layout")
     absent = [m for m in runner_methods if not hasattr(GPUModelRunner, m)]
     if absent:
         return Observation(case.name, runner, shims=applied,
@@ -136,16 +167,27 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
             layout = layout_of() if layout_of is not None else None
             partial["layout"] = None if layout is None else str(getattr(layout, "name", layout))
             stage = "kernel_block_sizes"
-            attn_groups = []
-            for gid, group in enumerate(kcc.kv_cache_groups):
-                by_backend: dict[str, Any] = {}
-                for name in group.layer_names:
-                    key = backends[name].get_name()
-                    if key not in by_backend:
-                        by_backend[key] = AttentionGroup(backends[name], [name], group.kv_cache_spec, gid)
-                    else:
-                        by_backend[key].layer_names.append(name)
-                attn_groups.append(list(by_backend.values()))
+            # The attention groups as MRv1 forms them: its own initialize_attn_backend, over
+            # stand-in layers that answer with the case's backend and spec (the model's part).
+            layer_base = gpu_model_runner_module.AttentionLayerBase
+
+            class _Layer(layer_base):  # type: ignore[misc, valid-type]
+                def __init__(self, backend: Any, spec: Any) -> None:
+                    self._backend, self._spec = backend, spec
+
+                def get_attn_backend(self) -> Any:
+                    return self._backend
+
+                def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+                    return self._spec
+
+            forward_context = vc.compilation_config.static_forward_context
+            for layer in case.layers:
+                forward_context[layer.name] = _Layer(backends[layer.name], specs[layer.name])
+            grouper = SimpleNamespace(vllm_config=vc, attn_groups=[], kv_sharing_fast_prefill_eligible_layers=set(),
+                                      _check_and_update_cudagraph_mode=lambda *a, **k: None)
+            _call_with_signature(GPUModelRunner.initialize_attn_backend, grouper, kv_cache_config=kcc, is_profiling=False)
+            attn_groups = grouper.attn_groups
             # MRv1 always picks kernel block sizes; MRv2 only from the release whose
             # gpu/attn_utils.py calls prepare_kernel_block_sizes (0.22: #42766); before it
             # its reshape takes none, so nothing is asked and nothing is recorded.
@@ -155,7 +197,7 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
             else:
                 kernel_block_sizes = partial["kernel_block_sizes"] = None
             stage = "allocate"
-            meta = torch.device("meta")
+            meta = torch.device(device)
             if runner == "mrv1":
                 me = SimpleNamespace(device=meta, runner_only_attn_layers=set(), attn_groups=attn_groups,
                                      kv_cache_config=kcc, cache_config=SimpleNamespace(cache_dtype="auto"))
@@ -175,6 +217,10 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
                                              shared_kv_cache_layers={})
             # In the case's layer order, as the runner's kv_caches dict.
             partial["registered"] = {layer.name: _view(views[layer.name]) for layer in case.layers if layer.name in views}
+            if on_registered is not None:
+                stage = "connector"
+                on_registered(RegisteredKV(vc, kcc, backends, kernel_block_sizes,
+                                           {layer.name: views[layer.name] for layer in case.layers if layer.name in views}))
     except VLLM_ERRORS as exc:
         return Observation(case.name, runner, error=f"{type(exc).__name__}: {exc}", error_stage=stage, **partial)
     except _UnknownSignature as exc:
@@ -186,4 +232,4 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = ()) -> Observatio
     return Observation(case.name, runner, **partial)
 
 
-__all__ = ["observe"]
+__all__ = ["RegisteredKV", "observe"]

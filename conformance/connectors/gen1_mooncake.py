@@ -1,0 +1,153 @@
+"""``kvconform check`` of vLLM's own Mooncake connector on a generation-1 release (0.19 to 0.28).
+
+Per case and runner, ``gpu_impl.connectors.mooncake_gen1`` runs the release's runner
+registration on real CPU tensors and then that release's ``MooncakeConnectorWorker``:
+``register_kv_caches`` and its own transfer planning (``_build_transfer_params``) for each
+logical block. ``reference.legacy`` is the judge: whether the worker must refuse
+(``mooncake_refusal``: the pre-#39596 assert), the block size it must work in
+(``mooncake_block_size``) and the bytes of every logical block (``block_bytes``).
+
+- ``refusal``: the connector raised at registration (reported with the raising line, and
+  whether the reference predicted it; not a failure by default);
+- ``failure``: it accepted, but planned other bytes than the block's (each finding names
+  the layer, block, bytes moved and bytes owned, and the cause), or accepted what the
+  reference says it refuses;
+- ``pass``: every logical block's planned copies are exactly its bytes, within the tensors;
+- ``unsupported``: the release or case cannot be driven here (why), or the runner itself
+  refused the case (``kvconform run`` judges that).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+from conformance.replay import replay_command
+
+CONNECTOR = "gpu_impl.connectors.mooncake:MooncakeAdapter"
+"""The built-in Mooncake adapter's name; on a generation-1 vLLM it is checked here."""
+STATUSES = ("pass", "refusal", "failure", "unsupported")
+MAX_FINDINGS = 6
+
+
+@dataclass(frozen=True)
+class Gen1ConnectorResult:
+    """One connector x case x runner."""
+
+    connector: str
+    case: str
+    runner: str
+    status: str
+    """One of ``STATUSES``."""
+    detail: str
+    findings: tuple[str, ...] = ()
+    """Byte-level diagnosis, one line each (the first ``MAX_FINDINGS``)."""
+    replay: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi) for lo, hi in out]
+
+
+def _show(intervals: Sequence[tuple[int, int]]) -> str:
+    return ", ".join(f"[{lo}, {hi})" for lo, hi in intervals[:3]) + (" ..." if len(intervals) > 3 else "")
+
+
+def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
+    """The reference's verdict on one observed Mooncake registration."""
+    from reference.errors import NotModeledError, StartupError
+    from reference.legacy import derive_legacy, merged_runs, mooncake_block_size, mooncake_refusal
+
+    def result(status: str, detail: str, findings: Sequence[str] = ()) -> Gen1ConnectorResult:
+        return Gen1ConnectorResult("mooncake", case.name, runner, status, detail, tuple(findings)[:MAX_FINDINGS],
+                                   replay_command(case, connector=CONNECTOR), case.to_dict())
+
+    if obs.unsupported:
+        return result("unsupported", obs.unsupported)
+    try:
+        d = derive_legacy(case, runner)
+    except StartupError as exc:
+        if obs.runner_error:
+            return result("unsupported", f"vLLM refuses the case before any connector runs, as the reference predicts ({exc})")
+        return result("failure", f"the reference predicts vLLM refuses the case ({exc}), but the runner registered")
+    except NotModeledError as exc:
+        return result("unsupported", f"reference.legacy does not model this case: {exc}")
+    if obs.runner_error:
+        return result("failure", f"the runner refused ({obs.runner_error}) where the reference predicts it starts")
+    predicted = mooncake_refusal(d)
+    if obs.error:
+        where = f" at {obs.error_line}" if obs.error_line else ""
+        said = (f"predicted by the reference: {predicted}" if predicted
+                else "NOT predicted by the reference, which finds nothing to refuse")
+        return result("refusal", f"the worker raised {obs.error}{where}; {said}")
+    if predicted:
+        return result("failure", f"the reference predicts register_kv_caches refuses ({predicted}), but it accepted")
+    findings: list[str] = []
+    want_bs = mooncake_block_size(d)
+    if obs.block_size != want_bs:
+        findings.append(f"worker.block_size is {obs.block_size}, the reference's {want_bs}")
+    if obs.transfers is None:
+        return result("unsupported", "; ".join(obs.notes) or "the worker's transfer planning was not driven", findings)
+    tensors = {t.data_ptr: t for t in obs.layers}
+    index = {t.name: d.tensor_index(t.name) for t in obs.layers}
+    bases = d.tensor_bases
+    for b, copies in sorted(obs.transfers.items()):
+        moved: dict[int, list[tuple[int, int]]] = {}
+        for addr, length in copies:
+            owner = next((t for p, t in tensors.items() if p <= addr < p + t.nbytes), None)
+            if owner is None:
+                findings.append(f"block {b}: a copy of {length} bytes at {addr:#x} starts outside every registered tensor")
+                continue
+            if addr + length > owner.data_ptr + owner.nbytes:
+                findings.append(f"block {b}: a copy in {owner.name} runs {addr + length - owner.data_ptr - owner.nbytes} bytes past its tensor")
+            moved.setdefault(owner.data_ptr, []).append((addr - owner.data_ptr, addr - owner.data_ptr + length))
+        for ptr, t in tensors.items():
+            sharing = [u.name for u in obs.layers if u.data_ptr == ptr]
+            shift = bases[index[t.name]]
+            owned = _merge((lo - shift, hi - shift) for name in sharing for lo, hi in merged_runs([d.block_bytes(name, b).page]))
+            got = _merge(moved.get(ptr, []))
+            if got != owned:
+                ratio = case.block_size // obs.block_size if obs.block_size else 0
+                cause = (f"kernel blocks: the worker works in {obs.block_size}-token blocks ({ratio} per logical block) "
+                         f"but plans logical block {b} as one of them" if ratio > 1 and len(got) == 1 and got[0][1] - got[0][0] < owned[0][1] - owned[0][0]
+                         else "the planned copies are not the block's bytes")
+                findings.append(f"{t.name} block {b}: moves {_show(got)} where the block's bytes are {_show(owned)} ({cause})")
+    if findings:
+        return result("failure", f"{len(findings)} wrong copy plan(s) over {len(obs.transfers)} logical blocks", findings)
+    return result("pass", f"every logical block's planned copies are exactly its bytes ({len(obs.transfers)} blocks, {len(obs.layers)} tensors)")
+
+
+def check(cases: Sequence[Any], runners: Sequence[str] = ("mrv1", "mrv2")) -> list[Gen1ConnectorResult]:
+    from gpu_impl.connectors.mooncake_gen1 import observe_registration
+
+    return [judge(case, runner, observe_registration(case, runner)) for case in cases for runner in runners]
+
+
+def format_results(results: Sequence[Gen1ConnectorResult]) -> str:
+    lines = []
+    for r in results:
+        lines.append(f"  {r.case:32} {r.runner}  {r.status:11} {r.detail}")
+        lines += [f"  {'':32}        - {f}" for f in r.findings]
+        if r.status == "failure":
+            lines += [f"  {'':32}        config: {json.dumps(r.config, sort_keys=True, separators=(',', ':'))}",
+                      f"  {'':32}        replay: {r.replay}"]
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    lines.append("  " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    return "\n".join(lines)
+
+
+def to_dict(results: Sequence[Gen1ConnectorResult], vllm_version: str) -> dict[str, Any]:
+    return {"schema": "kvconform.connector-report/1", "vllm": vllm_version, "generation": 1,
+            "counts": {s: sum(r.status == s for r in results) for s in STATUSES},
+            "results": [asdict(r) | {"findings": list(r.findings)} for r in results]}
+
+
+__all__ = ["CONNECTOR", "Gen1ConnectorResult", "check", "format_results", "judge", "to_dict"]
