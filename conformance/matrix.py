@@ -129,7 +129,8 @@ def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
             found = json.loads(target.read_text())
             checks[name]["counts"] = found.get("counts") or _connector_counts(found)
             checks[name]["failures"] = [
-                {"case": r["case"], "runner": r["runner"], "detail": r["detail"], "findings": r.get("findings", [])[:2],
+                {"case": r["case"], "runner": r["runner"], "status": r["status"], "detail": r["detail"],
+                 "findings": r.get("findings", [])[:2], "known": r.get("expected_by"),
                  "replay": f"{_venv_prefix(version)} {r.get('replay', '')}"}
                 for r in found.get("results", []) if r.get("status") in ("failure", "refusal")]
     return {"version": version, "venv": str(venv), "run": run, "checks": checks}
@@ -213,7 +214,8 @@ def to_markdown(history: Mapping[str, Any]) -> str:
         for name, c in r["checks"].items():
             lines.append(f"- {name} check: {_check_cell(c)}: {c['line']}")
             for f in c.get("failures", []):
-                lines += [f"  - {f['case']} [{f['runner']}]: {f['detail']}"] + [f"    - {x}" for x in f["findings"]]
+                label = f"{f.get('status', 'failure')}" + (f", known upstream [{f['known']}]" if f.get("known") else "")
+                lines += [f"  - {f['case']} [{f['runner']}] ({label}): {f['detail']}"] + [f"    - {x}" for x in f["findings"]]
                 lines.append(f"    - replay: `{f['replay']}`")
         for d in r["run"].get("divergences", []):
             lines += [f"- {_label(d)}: `{d['message']}`", f"  - replay: `{d['replay']}`"]

@@ -81,3 +81,23 @@ def test_a_copy_outside_every_tensor_is_its_own_finding() -> None:
     stray[0] = stray[0] + ((POOL - 4096, 64),)
     verdict = judge(case, "mrv1", dataclasses.replace(good, transfers=stray))
     assert verdict.status == "failure" and any("outside every registered tensor" in f for f in verdict.findings)
+
+
+def test_a_failure_an_expectation_cites_is_known_and_others_are_not() -> None:
+    from conformance.connectors.gen1_mooncake import known_failures
+    from conformance.expectations import loads
+
+    case = _case("gen1-flashinfer-b128", "0.22.0")
+    failed = judge(case, "mrv1", _registration(case, "mrv1", logical_as_kernel=True))
+    entries = loads('''schema = 1
+[[expectation]]
+id = "known-copy-plan"
+kind = "connector_copy_plan"
+field = "mooncake.*"
+vllm = ">=0.22,<0.23"
+reason = "vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py: _build_transfer_params"
+''')
+    (marked,) = known_failures([failed], [case], "0.22.0", entries)
+    assert marked.status == "failure" and marked.expected_by == "known-copy-plan"
+    (unmarked,) = known_failures([failed], [case], "0.23.0", entries)  # outside the entry's range
+    assert unmarked.expected_by is None
