@@ -121,17 +121,46 @@ def _installed_generation1() -> str | None:
     no import), else None."""
     import importlib.metadata as md
 
-    from reference.errors import ConfigError
-    from reference.legacy import GEN2_FIRST, parse_version
+    from reference.errors import ConfigError, NotModeledError
+    from reference.legacy import check_gen1_version
 
     try:
         version = md.version("vllm")
     except md.PackageNotFoundError:
         return None
     try:
-        return version if parse_version(version) < GEN2_FIRST else None
-    except ConfigError:
+        check_gen1_version(version)
+    except (ConfigError, NotModeledError):
         return None
+    return version
+
+
+def _judged_by_installed_release(cases: Sequence[Any]) -> list:
+    """Generation-2 cases stamped with the installed vLLM's release, which the reference then
+    judges them by (``reference.releases``); a release it has no facts for ends the run in
+    one line (exit 5) instead of being judged by another release's rules."""
+    import importlib.metadata as md
+
+    from reference.errors import ConfigError, NotModeledError
+    from reference.legacy import check_gen1_version, parse_version
+    from reference.releases import check_gen2_version
+
+    try:
+        installed = md.version("vllm")
+        release = parse_version(installed)
+    except (md.PackageNotFoundError, ConfigError):
+        return list(cases)
+    try:
+        check_gen1_version(installed)
+        return list(cases)  # generation 1: its cases carry their release; the driver check covers the rest
+    except (ConfigError, NotModeledError):
+        pass
+    try:
+        check_gen2_version(installed)
+    except NotModeledError as exc:
+        raise NothingRan(str(exc)) from None
+    stamp = ".".join(map(str, release))
+    return [c.with_(vllm_version=stamp) if c.generation == 2 else c for c in cases]
 
 
 def _select_cases(names: Sequence[str] | None):
@@ -338,6 +367,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ) from None
         from conformance.vllm_run import run_against_vllm
 
+        cases = _judged_by_installed_release(cases)
         selection = f"profile {args.profile}, seed {args.seed}"
         selection += "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("model", args.model), ("case", args.case)) if v)
         return run_against_vllm(
@@ -427,6 +457,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("vllm") is None:
         raise NothingRan("vLLM is not installed, so there is nothing to replay against")
     from conformance.vllm_run import run_against_vllm
+
+    cases = _judged_by_installed_release(cases)
 
     # With --json - stdout carries only the JSON report.
     print(f"kvconform: replaying {len(cases)} divergent case(s) from {args.report}", file=sys.stderr if args.json == "-" else sys.stdout)

@@ -16,6 +16,12 @@ from conformance.schedules import DEFAULT_SCHEDULES
 from reference.config import CaseConfig
 
 
+def _known(named: CaseConfig | None, case: CaseConfig) -> bool:
+    """``case`` is the named case, up to the release it is judged by (``kvconform run`` stamps
+    the installed one: the same name reruns it on any release)."""
+    return named is not None and named.with_(vllm_version=case.vllm_version) == case
+
+
 def _case_argument(case: CaseConfig, *, known: bool) -> tuple[str, str]:
     """``(prefix, --case argument)``: the name of an unchanged known case, else a JSON file."""
     if known:
@@ -35,7 +41,7 @@ def replay_command(
     from suites.named_cases import CASES
 
     if connector is not None:
-        prefix, arg = _case_argument(case, known=CASES.get(case.name) == case)
+        prefix, arg = _case_argument(case, known=_known(CASES.get(case.name), case))
         return f"{prefix}kvconform check --connector {connector} --case {arg}"
     if engine:
         from conformance.engine_run import get_engine_case
@@ -49,7 +55,7 @@ def replay_command(
         extra += f" --schedules {schedules}"
     if seed is not None and seed != PROJECT_SEED and schedules != 0:
         extra += f" --seed {seed}"
-    prefix, arg = _case_argument(case, known=CASES.get(case.name) == case)
+    prefix, arg = _case_argument(case, known=_known(CASES.get(case.name), case))
     return f"{prefix}kvconform run --case {arg}{extra}"
 
 

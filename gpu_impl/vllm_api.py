@@ -10,7 +10,7 @@ reports in one line (exit 5: nothing ran) instead of failing with an ``ImportErr
 part way, or blaming a connector for the harness's own incompatibility.
 
 Drivers (``DRIVERS``): ``layout`` (vLLM's layout and runner code on CPU,
-``gpu_impl.vllm_cpu``, the 0.33.0 API), ``gen1`` (generation-1 releases, 0.21 to 0.28:
+``gpu_impl.vllm_cpu``, the 0.33.0 API), ``gen1`` (generation-1 releases, 0.19 to 0.28:
 ``gpu_impl.vllm_cpu.gen1``) and the connector adapters ``nixl`` and ``mooncake``
 (``gpu_impl.connectors``), which run on top of the layout driver.
 """
@@ -23,7 +23,8 @@ import importlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-_LAYOUT = tuple(HERE / "vllm_cpu" / f for f in ("planning.py", "runners.py", "shims.py", "backends.py", "runner_tables.py", "block_tables.py"))
+_LAYOUT = tuple(HERE / "vllm_cpu" / f for f in ("planning.py", "planning_api.py", "runners.py", "shims.py", "backends.py",
+                                              "runner_tables.py", "block_tables.py"))
 DRIVERS: dict[str, tuple[Path, ...]] = {
     "layout": _LAYOUT,
     "nixl": _LAYOUT + (HERE / "connectors" / "nixl.py",),

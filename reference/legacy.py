@@ -109,18 +109,14 @@ _ID5, _HND5 = (0, 1, 2, 3, 4), (0, 1, 3, 2, 4)
 _B2NHD = bk.LegacyLayout("B2NHD", _ID5, _HND5)
 # Packed (B, H, N, 2D): NHD keeps tokens outside heads physically, HND is the identity.
 _PACKED = bk.LegacyLayout("BHNC", (0, 2, 1, 3), (0, 1, 2, 3))
-_PACKING_UNKNOWN = LegacyEra(
+_PACKED_026 = LegacyEra(
     (0, 26, 0),
-    None,
-    "vLLM #44455 packed K|V into the content dim between 0.25.1 (still split: kvcached#394, "
-    "tair-kvcache#257) and 0.28 (packed: kvcached#493); 0.26 and 0.27 were not checked",
-)
-_PACKED_028 = LegacyEra(
-    (0, 28, 0),
     _PACKED,
-    "kvcached#493 and a 0.28 connector's notes: logical (num_blocks, H, block_size, 2*D) with "
-    "NHD strides; vLLM #44455 description: K/V recovered by transpose(1, 2).split(D)",
+    "observed on vLLM 0.26.0, 0.27.0 and 0.28.0 (gpu_impl/vllm_cpu/backend_facts.py): vLLM #44455 packed K|V into "
+    "the content dim, (num_blocks, H, block_size, 2*D), stride order (0, 2, 1, 3) under NHD and the identity "
+    "under HND (0.25.0 still splits K/V; kvcached#493 and a 0.28 connector's notes agree)",
 )
+
 
 LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
     # The table's FA entry ("2BNHD") holds only up to 0.22.x.
@@ -132,10 +128,9 @@ LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
             "num_block, ...) to (num_block, kv, ...)'); tair-kvcache#257 (<= 0.22.1 is (2, B, N, H, D)); "
             "vLLM #47314 (FA HND keeps logical (B, 2, N, H, D))",
         ),
-        _PACKING_UNKNOWN,
-        _PACKED_028,
+        _PACKED_026,
     ),
-    "FLASHINFER": (_PACKING_UNKNOWN, _PACKED_028),
+    "FLASHINFER": (_PACKED_026,),
     # Triton honours HND in the table; that holds from the #37940 fix of issue #37703
     # (reported on 0.17.2), whose regression test asserts every 5-D backend puts heads
     # before tokens under HND. Observed: 0.19.1 still returns the identity under HND,
@@ -144,25 +139,28 @@ LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
         LegacyEra(GEN1_FIRST, bk.LegacyLayout("B2NHD", _ID5, _ID5),
                   "observed on vLLM 0.19.1: TritonAttentionBackend.get_kv_cache_stride_order() is the identity under "
                   "HND too (issue #37703, fixed by #37940 in 0.20.0)"),
-        LegacyEra((0, 20, 0), _B2NHD, "observed on vLLM 0.20.0 to 0.22.0: HND puts heads before tokens (#37940)"),
-        _PACKING_UNKNOWN,
-        _PACKED_028,
+        LegacyEra((0, 20, 0), _B2NHD, "observed on vLLM 0.20.0 to 0.25.0: HND puts heads before tokens (#37940)"),
+        _PACKED_026,
     ),
-    # The table gives Flex FA's HND order. Flex had no get_kv_cache_stride_order (older
-    # flex_attention.py), so the runner's `except (AttributeError, NotImplementedError)`
-    # fallback used the identity for HND too. Whether #42095 also moved Flex to
-    # blocks-first in 0.23 was not established. The stored packed-era flex_attention.py
-    # pins (0, 2, 1, 3) whatever the layout.
+    # The table gives Flex FA's HND order. Flex had no get_kv_cache_stride_order before
+    # 0.23 (observed on 0.19.1 to 0.22.0), so the runner's `except (AttributeError,
+    # NotImplementedError)` fallback used the identity for HND too.
     "FLEX_ATTENTION": (
-        LegacyEra(GEN1_FIRST, bk.LegacyLayout("2BNHD", _ID5, _ID5), "flex_attention.py had no stride order"),
-        LegacyEra((0, 23, 0), None, "whether #42095 moved Flex to blocks-first in 0.23 is unverified"),
+        LegacyEra(GEN1_FIRST, bk.LegacyLayout("2BNHD", _ID5, _ID5),
+                  "observed on vLLM 0.19.1 to 0.22.0: get_kv_cache_stride_order raises NotImplementedError (identity)"),
+        LegacyEra((0, 23, 0), bk.LegacyLayout("B2NHD", (0, 2, 1, 3, 4), (0, 2, 1, 3, 4)),
+                  "observed on vLLM 0.23.0 to 0.25.0 (gpu_impl/vllm_cpu/backend_facts.py): blocks-first "
+                  "(num_blocks, 2, block_size, H, D) with stride order (0, 2, 1, 3, 4) under NHD and HND alike "
+                  "(#42095: tokens outside K/V, the layout is ignored)"),
         LegacyEra(
-            (0, 28, 0),
+            (0, 26, 0),
             bk.LegacyLayout("BHNC", (0, 2, 1, 3), (0, 2, 1, 3)),
-            "stored flex_attention.py of the packed era: stride order (0, 2, 1, 3), layout ignored",
+            "observed on vLLM 0.26.0 to 0.28.0: packed (num_blocks, H, block_size, 2*D), stride order (0, 2, 1, 3) "
+            "whatever the layout (as the stored flex_attention.py of the packed era)",
         ),
     ),
 }
+
 
 @dataclass(frozen=True)
 class KernelSizesEra:

@@ -67,6 +67,24 @@ def _show(intervals: Sequence[tuple[int, int]]) -> str:
     return ", ".join(f"[{lo}, {hi})" for lo, hi in intervals[:3]) + (" ..." if len(intervals) > 3 else "")
 
 
+def _size(intervals: Sequence[tuple[int, int]]) -> int:
+    return sum(hi - lo for lo, hi in intervals)
+
+
+def _cause(case: Any, obs: Any, block: int, got: Sequence[tuple[int, int]], owned: Sequence[tuple[int, int]]) -> str:
+    """Which way a block's planned copies miss its bytes, in the terms of the layout."""
+    ratio = case.block_size // obs.block_size if obs.block_size else 0
+    inside = _merge((max(lo, a), min(hi, b)) for lo, hi in got for a, b in owned if max(lo, a) < min(hi, b))
+    missed, extra = _size(owned) - _size(inside), _size(got) - _size(inside)
+    if ratio > 1 and len(got) == 1 and _size(got) * ratio == _size(owned):  # one kernel block's worth
+        return (f"kernel blocks: the worker works in {obs.block_size}-token blocks ({ratio} per logical block) "
+                f"but plans logical block {block} as one of them")
+    if missed == 0 and extra:
+        return (f"overlap: all of the block's bytes and {extra} bytes beyond it, which belong to its neighbour "
+                f"(a copy longer than the {obs.block_size}-token block it starts at)")
+    return f"the planned copies are not the block's bytes ({missed} of its bytes missed, {extra} others moved)"
+
+
 def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
     """The reference's verdict on one observed Mooncake registration."""
     from reference.errors import NotModeledError, StartupError
@@ -121,10 +139,7 @@ def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
             owned = _merge((lo - shift, hi - shift) for name in sharing for lo, hi in merged_runs([d.block_bytes(name, b).page]))
             got = _merge(moved.get(ptr, []))
             if got != owned:
-                ratio = case.block_size // obs.block_size if obs.block_size else 0
-                cause = (f"kernel blocks: the worker works in {obs.block_size}-token blocks ({ratio} per logical block) "
-                         f"but plans logical block {b} as one of them" if ratio > 1 and len(got) == 1 and got[0][1] - got[0][0] < owned[0][1] - owned[0][0]
-                         else "the planned copies are not the block's bytes")
+                cause = _cause(case, obs, b, got, owned)
                 findings.append(f"{t.name} block {b}: moves {_show(got)} where the block's bytes are {_show(owned)} ({cause})")
     if findings:
         return result("failure", f"{len(findings)} wrong copy plan(s) over {len(obs.transfers)} logical blocks", findings)

@@ -20,7 +20,7 @@ Nothing here predicts; ``reference.legacy.mooncake_registration`` does.
 
 from __future__ import annotations
 
-import sys
+import inspect
 import traceback
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -108,18 +108,38 @@ def _plan_transfers(mc: Any, worker: Any, num_blocks: int) -> tuple[dict[int, tu
     build, regions_of = getattr(worker, "_build_transfer_params", None), getattr(worker, "_get_transfer_regions", None)
     if build is None or regions_of is None:
         return None, "transfer planning not driven: this release's worker has no _build_transfer_params/_get_transfer_regions"
+    # What the worker registered, under the names its release's planning takes: its
+    # _get_transfer_regions parameters and the peer's MooncakeXferMetadata fields (0.24
+    # adds the registered layer names and indices, 0.25 K/V block lengths and groups).
+    worker_attr = {"base_addrs": "kv_caches_base_addr", "block_lens": "block_len_per_layer",
+                   "kv_block_lens": "kv_block_len_per_layer", "layer_names": "registered_layer_names",
+                   "layer_indices": "registered_layer_indices", "group_indices": "registered_group_indices"}
+    meta_field = {"kv_caches_base_addr": "kv_caches_base_addr", "block_lens": "block_len_per_layer",
+                  "kv_block_lens": "kv_block_len_per_layer", "registered_layer_names": "registered_layer_names",
+                  "registered_layer_indices": "registered_layer_indices",
+                  "registered_group_indices": "registered_group_indices"}
+    fields = set(getattr(mc.MooncakeXferMetadata, "__struct_fields__", ()))
+    registered = {name: list(getattr(worker, attr)) for name, attr in worker_attr.items() if hasattr(worker, attr)}
+    peer_fields = {f: list(getattr(worker, attr)) for f, attr in meta_field.items() if f in fields and hasattr(worker, attr)}
+
     def plan(b: int, ids: Any) -> tuple[tuple[int, int], ...]:
         req = f"kvconform-{b}"
         send = mc.SendBlockMeta(p_req_id=req, transfer_id=req, local_block_ids=ids, ready=asyncio.Event())
         peer = mc.MooncakeXferMetadata(remote_hostname="kvconform", remote_port=0, remote_tp_size=1, remote_tp_rank=0,
-                                       req_blocks={req: (req, ids)}, kv_caches_base_addr=list(worker.kv_caches_base_addr),
-                                       block_lens=list(worker.block_len_per_layer))
-        src, _dst, lengths, *_ = asyncio.run(build([(req, send)], peer, regions, regions))
+                                       req_blocks={req: (req, ids)}, **peer_fields)
+        src, _dst, lengths, *_ = asyncio.run(build([(req, send)], peer, local, remote))
         return tuple((int(a), int(n)) for a, n in zip(src, lengths))
 
     try:
-        regions = regions_of(list(worker.kv_caches_base_addr), list(worker.block_len_per_layer))
-    except (TypeError, AttributeError, AssertionError, ValueError) as exc:
+        takes = inspect.signature(regions_of).parameters
+        local = remote = regions_of(**{k: registered[k] for k, param in takes.items()
+                                       if k in registered or param.default is inspect.Parameter.empty})
+        align = getattr(mc, "_align_transfer_regions", None)
+        if align is not None:  # the sender pairs its regions with the peer's first (0.24 on)
+            local, remote, problem = align(local, remote)
+            if problem:
+                return None, f"transfer planning not driven: _align_transfer_regions: {problem}"
+    except (TypeError, AttributeError, AssertionError, ValueError, KeyError) as exc:
         return None, f"transfer planning not driven: _get_transfer_regions: {type(exc).__name__}: {exc}"
     # Block ids per KV cache group (0.20 on) or one flat list (0.19): the form the
     # release's MooncakeXferMetadata.req_blocks takes.
@@ -167,7 +187,10 @@ def _register(mc: Any, case: Any, kv: Any) -> dict[str, Any]:
     use_mla = any(layer.kind == "mla" for layer in case.layers if not layer.is_draft)
     heads = max(layer.num_kv_heads for layer in case.layers if not layer.is_draft)
     vc.kv_transfer_config = KVTransferConfig(kv_connector="MooncakeConnector", kv_role="kv_consumer")
-    model = SimpleNamespace(use_mla=use_mla, get_total_num_kv_heads=lambda: heads, is_hybrid=False,
+    # The model's part (a HF config it has not got): MLA or not, and its heads. The case has
+    # no query heads; with one TP rank the worker only sizes per-rank head slices with them.
+    model = SimpleNamespace(use_mla=use_mla, get_total_num_kv_heads=lambda: heads, get_num_kv_heads=lambda *a: heads,
+                            get_num_attention_heads=lambda *a: heads, is_hybrid=False,
                             hf_text_config=SimpleNamespace(), dtype=None)
     engine = _RecordingTransferEngine()
     patches = [mock.patch.object(mc, "TransferEngine", lambda: engine), mock.patch.object(mc, "get_ip", lambda: "127.0.0.1"),
@@ -214,7 +237,8 @@ def _register(mc: Any, case: Any, kv: Any) -> dict[str, Any]:
                           "block_len_per_layer": tuple(getattr(worker, "block_len_per_layer", ()))}
         ptrs, lens = engine.registered[-1] if engine.registered else ((), ())
         transfers, note = _plan_transfers(mc, worker, int(kv.kv_cache_config.num_blocks))
-        return out | {"num_blocks": int(worker.num_blocks), "block_len_per_layer": tuple(int(b) for b in worker.block_len_per_layer),
+        num_blocks = getattr(worker, "num_blocks", None)  # 0.25 on: not kept on the worker
+        return out | {"num_blocks": None if num_blocks is None else int(num_blocks), "block_len_per_layer": tuple(int(b) for b in worker.block_len_per_layer),
                       "base_addrs": tuple(int(a) for a in worker.kv_caches_base_addr), "registered_lens": tuple(int(n) for n in lens),
                       "block_size": int(worker.block_size), "transfers": transfers, "notes": (note,) if note else ()}
     finally:

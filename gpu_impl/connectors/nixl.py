@@ -61,7 +61,7 @@ def _plan(case, runner: str):
     """vLLM's own kv_cache_config, per-layer specs and backend classes for the case."""
     from gpu_impl.vllm_cpu import planning as p
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    from vllm.v1.core import kv_cache_planning as planning
+    from gpu_impl.vllm_cpu import planning_api as planning
 
     stack = contextlib.ExitStack()
     vc = stack.enter_context(p._configure(case))
@@ -69,12 +69,12 @@ def _plan(case, runner: str):
     distinct = list({cls.full_cls_name(): cls for cls in backends.values()}.values())
     supported = [layout.name for layout in get_supported_kv_cache_layouts(distinct)]
     layout = resolve_kv_cache_layout(vc, [supported], list(specs.values()))
-    groups = planning.get_global_kv_cache_groups(vc, [specs])
+    groups = planning.global_kv_cache_groups(vc, [specs])
     if case.num_blocks is not None:
-        available = case.num_blocks * planning._pool_bytes_per_block(vc, groups)
+        available = case.num_blocks * planning.pool_bytes_per_block(vc, groups)
     else:
         available = case.kv_cache_memory_bytes
-    kcc = planning.get_kv_cache_config_from_groups(vc, groups, available)
+    kcc = planning.kv_cache_config_from_groups(vc, groups, available)
     return stack, vc, kcc, specs, backends, layout
 
 

@@ -51,7 +51,8 @@ def backend_facts(name: str, *, mla: bool) -> BackendFacts:
 
     try:
         cls = AttentionBackendEnum[name].get_class()
-    except (KeyError, ValueError, ImportError, AssertionError, RuntimeError) as exc:
+    # AttributeError: a backend module that needs vLLM's compiled ops (vllm._C) at import.
+    except (KeyError, ValueError, ImportError, AssertionError, RuntimeError, AttributeError) as exc:
         return BackendFacts(name, None, {}, None, problem=f"{type(exc).__name__}: {str(exc)[:160]}")
     heads, head_size = (1, PROBE["mla_head_size"]) if mla else (PROBE["num_kv_heads"], PROBE["head_size"])
     problem = None

@@ -74,6 +74,21 @@ def _call_with_signature(function: Any, self_: Any, **available: Any) -> Any:
     return function(self_, **kwargs) if self_ is not None else function(**kwargs)
 
 
+class _RunnerStandIn(SimpleNamespace):
+    """A ``GPUModelRunner`` as far as its KV-cache methods read it: the attributes given, and
+    the runner class's own methods bound to it (whichever the installed release calls)."""
+
+    def __init__(self, runner_cls: Any, **attributes: Any) -> None:
+        super().__init__(**attributes)
+        object.__setattr__(self, "_runner_cls", runner_cls)
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.__dict__.get("_runner_cls"), name, None)
+        if callable(method):
+            return method.__get__(self)
+        raise AttributeError(f"the stand-in runner has no {name!r} (GPUModelRunner.__init__ would set it)")
+
+
 @dataclass(frozen=True)
 class RegisteredKV:
     """What a runner hands a connector: the ``kv_caches`` it registered and the planning they came from."""
@@ -199,10 +214,8 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
             stage = "allocate"
             meta = torch.device(device)
             if runner == "mrv1":
-                me = SimpleNamespace(device=meta, runner_only_attn_layers=set(), attn_groups=attn_groups,
-                                     kv_cache_config=kcc, cache_config=SimpleNamespace(cache_dtype="auto"))
-                me._kv_cache_spec_attn_group_iterator = lambda: GPUModelRunner._kv_cache_spec_attn_group_iterator(me)
-                me._update_hybrid_attention_mamba_layout = lambda *a: GPUModelRunner._update_hybrid_attention_mamba_layout(me, *a)
+                me = _RunnerStandIn(GPUModelRunner, device=meta, runner_only_attn_layers=set(), attn_groups=attn_groups,
+                                    kv_cache_config=kcc, cache_config=SimpleNamespace(cache_dtype="auto"))
                 raw = GPUModelRunner._allocate_kv_cache_tensors(me, kcc)
                 # 0.19/0.20 also pass the KV cache config; 0.21 on read it off self.
                 views = _call_with_signature(GPUModelRunner._reshape_kv_cache_tensors, me, kv_cache_config=kcc,
@@ -212,8 +225,10 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                 # backends, cache_dtype); 0.22 on also the shared layers and kernel_block_sizes.
                 allocate = inspect.signature(_allocate_kv_cache).parameters
                 raw = _allocate_kv_cache(kcc, meta) if len(allocate) == 2 else _allocate_kv_cache(kcc, {}, meta)
+                # 0.23 on: attention groups instead of backends (MRv1's, see the docstring).
                 views = _call_with_signature(_reshape_kv_cache, None, kv_cache_config=kcc, kv_cache_raw_tensors=raw,
-                                             attn_backends=backends, cache_dtype="auto", kernel_block_sizes=kernel_block_sizes,
+                                             attn_backends=backends, attn_groups=[g for groups in attn_groups for g in groups],
+                                             cache_dtype="auto", kernel_block_sizes=kernel_block_sizes,
                                              shared_kv_cache_layers={})
             # In the case's layer order, as the runner's kv_caches dict.
             partial["registered"] = {layer.name: _view(views[layer.name]) for layer in case.layers if layer.name in views}

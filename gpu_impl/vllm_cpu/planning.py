@@ -367,7 +367,7 @@ def _attention_groups(kv_cache_config, backends):
             if isinstance(spec, UniformTypeKVCacheSpecs):
                 spec = spec.kv_cache_specs[name]
             backend = backends[name]
-            key = (backend.full_cls_name(), spec, spec.is_draft)
+            key = (backend.full_cls_name(), spec, getattr(spec, "is_draft", False))  # is_draft: 0.33 on
             if key in by_key:
                 by_key[key].layer_names.append(name)
             else:
@@ -397,7 +397,7 @@ def _scheduler_block_sizes(vc, kv_cache_config) -> tuple[int, int, int]:
 def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: tuple = ()) -> None:
     """Fill ``result`` step by step (what succeeded stays there when a later step fails)."""
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    from vllm.v1.core import kv_cache_planning as planning
+    from gpu_impl.vllm_cpu import planning_api as planning
 
     with _configure(case) as vc:
         with _stage("specs"):
@@ -422,9 +422,9 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             # The engine core's entry point: merges the workers' specs, checks the
             # spec registry, tags SW extra_retained_tokens, then the default
             # builder's get_kv_cache_groups and _check_exact_partition.
-            groups = planning.get_global_kv_cache_groups(vc, [specs])
+            groups = planning.global_kv_cache_groups(vc, [specs])
         with _stage("placement"):
-            bytes_per_block = planning._pool_bytes_per_block(vc, groups)
+            bytes_per_block = planning.pool_bytes_per_block(vc, groups)
             if case.num_blocks is not None:
                 # get_kv_cache_configs: an override replaces the profiled memory.
                 available = case.num_blocks * bytes_per_block
@@ -433,15 +433,15 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             if admission:
                 # The engine core's full path: null-block reservation, the
                 # max-model-len admission check, num_gpu_blocks_override.
-                (kv_cache_config,) = planning.get_kv_cache_configs(vc, [specs], [available], groups)
+                (kv_cache_config,) = planning.kv_cache_configs(vc, [specs], [available], groups)
             else:
                 # get_kv_cache_configs reserves the null block and refuses when
                 # nothing is left; the max-model-len half of the check is skipped
                 # (the reference does not model admission).
-                planning._check_enough_kv_cache_memory(
+                planning.check_enough_kv_cache_memory(
                     available - bytes_per_block, lambda: 0, vc.model_config.max_model_len, lambda _: 0
                 )
-                kv_cache_config = planning.get_kv_cache_config_from_groups(vc, groups, available)
+                kv_cache_config = planning.kv_cache_config_from_groups(vc, groups, available)
         result.update(
             groups=tuple(
                 GroupObs(tuple(g.layer_names), g.kv_cache_spec.block_size, type(g.kv_cache_spec).__name__)

@@ -343,6 +343,8 @@ def _mrv2_runner(case, vc, device):
         max_num_tokens=MAX_NUM_TOKENS,
         max_model_len=case.max_model_len,
         is_encoder_decoder=vc.model_config.is_encoder_decoder,
+        # GPUModelRunner.__init__ up to 0.32 (0.33 keeps it on model_state).
+        supports_mm_inputs=vc.model_config.supports_multimodal_inputs,
         vocab_size=vc.model_config.get_vocab_size(),
         dcp_size=vc.parallel_config.decode_context_parallel_size,
         dcp_rank=0,

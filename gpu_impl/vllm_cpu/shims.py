@@ -422,6 +422,10 @@ def _patch_pin_memory() -> None:
         if hasattr(module, "PIN_MEMORY"):
             module.PIN_MEMORY = False
             patched.append(name)
+        # Up to 0.32 async_tensor_h2d asks is_pin_memory_available() at each call.
+        if hasattr(module, "is_pin_memory_available"):
+            module.is_pin_memory_available = lambda: False
+            patched.append(f"{name}.is_pin_memory_available")
     _applied.append(f"PIN_MEMORY=False in {', '.join(patched)}")
 
 

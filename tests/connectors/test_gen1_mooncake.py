@@ -101,3 +101,14 @@ reason = "vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connect
     assert marked.status == "failure" and marked.expected_by == "known-copy-plan"
     (unmarked,) = known_failures([failed], [case], "0.23.0", entries)  # outside the entry's range
     assert unmarked.expected_by is None
+
+
+def test_a_copy_longer_than_its_kernel_block_is_an_overlap_with_the_neighbour() -> None:
+    case = _case("gen1-flashmla-b128", "0.25.0")  # FlashMLA: 64-token kernel blocks under 128-token blocks
+    good = _registration(case, "mrv1")
+    # Each logical block copied as its two kernel blocks, each with the logical block's length
+    # (vLLM #54272's class): the second copy runs one kernel block into the next block.
+    long = {b: tuple((addr, 2 * n) for addr, n in copies) for b, copies in good.transfers.items()}
+    verdict = judge(case, "mrv1", dataclasses.replace(good, transfers=long))
+    assert verdict.status == "failure"
+    assert any("overlap" in f and "belong to its neighbour" in f for f in verdict.findings), verdict.findings

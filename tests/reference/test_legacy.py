@@ -247,8 +247,9 @@ def test_permuted_view_strides_uses_the_inverse_order() -> None:
 
 
 def test_unverified_versions_are_refused_not_guessed() -> None:
-    with pytest.raises(NotModeledError):
-        legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.27.0")
+    # Read off 0.25.0 and 0.26.0's backend classes: packing (#44455) arrived in 0.26.
+    assert legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.25.0") == (4, 2, 16, 2, 64)
+    assert legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.26.0") == (4, 2, 16, 128)
     assert legacy_kv_cache_shape("TRITON_MLA", 4, 16, 1, 576, vllm_version="0.27.0") == (4, 16, 576)
     with pytest.raises(NotModeledError):
         legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.29.0")
