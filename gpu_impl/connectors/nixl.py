@@ -111,18 +111,21 @@ class NixlAdapter:
             be = [b for b, _ in pairs] or list(dict.fromkeys(backends.values()))
             sp = [s for _, s in pairs] or [None] * len(be)
             platform = SimpleNamespace(device_type="cuda", get_nixl_memory_type=lambda: "VRAM")
-            patches = [
-                mock.patch.object(bw, "NixlWrapper", RecordingNixl),
-                mock.patch.object(bw, "nixl_agent_config", None),
-                mock.patch.object(bw, "check_nixl_version", lambda *a, **k: None),
-                mock.patch.object(bw, "current_platform", platform),
-                mock.patch.object(bw, "get_tensor_model_parallel_rank", lambda: 0),
-                mock.patch.object(bw, "get_tensor_model_parallel_world_size", lambda: 1),
-                mock.patch.object(bw, "get_current_attn_backends", lambda *a, **k: be),
-                mock.patch.object(bw, "get_current_attn_backends_and_specs", lambda *a, **k: (be, sp)),
-                mock.patch.object(bw, "TransferTopology", mock.MagicMock()),
-                mock.patch.object(bw, "compute_nixl_compatibility_hash", lambda *a, **k: "kvconform"),
-            ]
+            fakes = {
+                "NixlWrapper": RecordingNixl,
+                "nixl_agent_config": None,
+                "check_nixl_version": lambda *a, **k: None,  # 0.33 on
+                "current_platform": platform,
+                "get_tensor_model_parallel_rank": lambda: 0,
+                "get_tensor_model_parallel_world_size": lambda: 1,
+                "get_current_attn_backends": lambda *a, **k: be,
+                "get_current_attn_backends_and_specs": lambda *a, **k: (be, sp),
+                "TransferTopology": mock.MagicMock(),
+                "compute_nixl_compatibility_hash": lambda *a, **k: "kvconform",
+            }
+            # Only what the installed release's worker module has (a release without one
+            # of them does not call it).
+            patches = [mock.patch.object(bw, name, value) for name, value in fakes.items() if hasattr(bw, name)]
             # NIXL's 3-read Mamba conv transfer needs the DS conv-state layout (an env switch).
             patches.append(mock.patch.dict("os.environ", {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}))
             for pt in patches:
