@@ -49,7 +49,11 @@ def _imports(tree: ast.AST, out: dict[str, set[str]], optional: bool = False) ->
             inner = optional or _guarded(node.handlers)
             for child in node.body:
                 _imports(ast.Module(body=[child], type_ignores=[]), out, inner)
-            for part in (*node.handlers, *node.orelse, *node.finalbody):
+            # An ImportError handler's imports are the other release's alternative
+            # (gpu_impl/vllm_cpu/planning_api.py): optional as well.
+            for part in node.handlers:
+                _imports(part, out, optional or _guarded([part]))
+            for part in (*node.orelse, *node.finalbody):
                 _imports(part, out, optional)
             continue
         if not optional and isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
