@@ -91,7 +91,11 @@ def unexpected(run: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _label(d: Mapping[str, Any]) -> str:
-    return f"known upstream [{d['known']}]" if d.get("known") else "unexpected"
+    if d.get("known"):
+        return f"known upstream [{d['known']}]"
+    if str(d.get("kind", "")).endswith("_refusal"):  # a connector refusing at registration
+        return "refusal the reference predicts" if "predicted by the reference" in d["message"] else "refusal, not predicted"
+    return "unexpected"
 
 
 def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
@@ -147,6 +151,8 @@ def _connector_counts(report: Mapping[str, Any]) -> dict[str, int]:
 
 def _check_cell(c: Mapping[str, Any]) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in sorted((c.get("counts") or {}).items()) if n)
+    known = sum(1 for f in c.get("failures", []) if f.get("known"))
+    counts += f" ({known} known upstream)" if known else ""
     return f"exit {c['exit']}: {counts}" if counts else f"exit {c['exit']}"
 
 
@@ -154,16 +160,32 @@ def _key(d: Mapping[str, Any]) -> tuple[str, str, str, str]:
     return (d["case"], d["runner"], d["kind"], d["field"])
 
 
+def _check_findings(release: Mapping[str, Any]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    """A release's connector refusals and failures, keyed by (check, case, runner, status),
+    as divergences of the run are (message and replay line)."""
+    out = {}
+    for name, check in release.get("checks", {}).items():
+        for f in check.get("failures", []):
+            status = f.get("status", "failure")
+            message = f"{name} check: {f['case']} [{f['runner']}] {status}: {f['detail']}"
+            out[(name, f["case"], f["runner"], status)] = {"case": f["case"], "runner": f["runner"], "kind": f"{name}_{status}",
+                                                           "field": name, "message": message, "replay": f["replay"],
+                                                           "known": f.get("known")}
+    return out
+
+
 def transitions(releases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per consecutive pair: the divergences (known or not) that appear and vanish."""
+    """Per consecutive pair: the divergences (known or not) and the connector refusals and
+    failures that appear and vanish."""
     out = []
     for before, after in zip(releases, releases[1:]):
         a = {_key(d): d for d in before["run"].get("divergences", [])}
         b = {_key(d): d for d in after["run"].get("divergences", [])}
+        ca, cb = _check_findings(before), _check_findings(after)
         out.append({
             "from": before["version"], "to": after["version"],
-            "appeared": [b[k] for k in sorted(set(b) - set(a))],
-            "vanished": [a[k] for k in sorted(set(a) - set(b))],
+            "appeared": [b[k] for k in sorted(set(b) - set(a))] + [cb[k] for k in sorted(set(cb) - set(ca))],
+            "vanished": [a[k] for k in sorted(set(a) - set(b))] + [ca[k] for k in sorted(set(ca) - set(cb))],
         })
     return out
 

@@ -23,7 +23,7 @@ import importlib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-_LAYOUT = tuple(HERE / "vllm_cpu" / f for f in ("planning.py", "planning_api.py", "runners.py", "shims.py", "backends.py",
+_LAYOUT = tuple(HERE / "vllm_cpu" / f for f in ("planning.py", "planning_api.py", "runners.py", "shims.py",
                                               "runner_tables.py", "block_tables.py"))
 DRIVERS: dict[str, tuple[Path, ...]] = {
     "layout": _LAYOUT,

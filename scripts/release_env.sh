@@ -104,12 +104,12 @@ else:
   echo "kvconform: vLLM $version also needs $spec" >&2
   pip install --no-deps "$spec"
 done
-# Release venvs share most files (torch, triton, numpy are the same wheels): where
+# Release venvs share most files (torch, triton, numpy are the same wheels, extracted at other times: -c compares content only): where
 # util-linux's hardlink is available, identical files become one copy on disk (about 2 GB
 # saved per extra release). pip replaces files rather than writing into them, so an upgrade
 # in one venv never changes another.
 if command -v hardlink > /dev/null; then
-  hardlink -q "$cache"/venv-release-* > /dev/null 2>&1 || true
+  hardlink -q -c "$cache"/venv-release-* > /dev/null 2>&1 || true
 fi
 size=$(du -sh "$venv" | cut -f1)
 printf '%s\n%s\n' "$want" "installed in $(( $(date +%s) - start )) s, $size" > "$stamp"

@@ -73,3 +73,16 @@ def test_bad_matrix_input_is_one_line_and_exit_4(tmp_path) -> None:
         out = kvconform(*args)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 4 and len(lines) == 1 and words in lines[0], (args, out.stderr)
+
+
+def test_connector_refusals_and_failures_appear_and_vanish_between_releases() -> None:
+    refused = {"case": "gen1-mla-eagle-b64", "runner": "mrv1", "status": "refusal", "detail": "the worker raised AssertionError",
+               "findings": [], "known": None, "replay": "replay mla-eagle"}
+    old, new = _release("0.19.1", []), _release("0.20.0", [])
+    old["checks"]["mooncake"] = {"exit": 0, "line": "", "replay": "...", "counts": {"refusal": 1}, "failures": [refused]}
+    new["checks"]["mooncake"] = {"exit": 0, "line": "", "replay": "...", "counts": {"pass": 1}, "failures": []}
+    (step,) = matrix.transitions([old, new])
+    assert step["appeared"] == [] and len(step["vanished"]) == 1
+    assert step["vanished"][0]["message"].startswith("mooncake check: gen1-mla-eagle-b64 [mrv1] refusal")
+    history = {"schema": matrix.SCHEMA, "created": 0, "releases": [old, new], "transitions": [step]}
+    assert "exit 0: 1 refusal" in matrix.to_markdown(history) and "replay mla-eagle" in matrix.to_markdown(history)
