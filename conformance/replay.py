@@ -16,6 +16,32 @@ from conformance.schedules import DEFAULT_SCHEDULES
 from reference.config import CaseConfig
 
 
+def _import_path(connector: str) -> str:
+    """``PYTHONPATH=DIR `` when the adapter's module was imported from a directory the
+    ``kvconform`` command does not search by itself (an out-of-tree adapter next to the
+    user's code), so the printed line works in a fresh shell; empty for installed
+    packages and kvconform's own adapters."""
+    import importlib.util
+    import site
+    import sys
+    from pathlib import Path
+
+    top = connector.partition(":")[0].split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return ""
+    origin = Path(spec.origin).resolve()
+    root = origin.parent.parent if origin.name == "__init__.py" else origin.parent
+    known = {Path(p).resolve() for p in (*site.getsitepackages(), site.getusersitepackages(), sys.prefix, sys.base_prefix)}
+    known.add(Path(__file__).resolve().parents[1])  # kvconform's own tree (gpu_impl, conformance)
+    if any(root == k or k in root.parents for k in known):
+        return ""
+    return f"PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}} "
+
+
 def _known(named: CaseConfig | None, case: CaseConfig) -> bool:
     """``case`` is the named case, up to the release it is judged by (``kvconform run`` stamps
     the installed one: the same name reruns it on any release)."""
@@ -42,7 +68,7 @@ def replay_command(
 
     if connector is not None:
         prefix, arg = _case_argument(case, known=_known(CASES.get(case.name), case))
-        return f"{prefix}kvconform check --connector {connector} --case {arg}"
+        return f"{prefix}{_import_path(connector)}kvconform check --connector {connector} --case {arg}"
     if engine:
         from conformance.engine_run import get_engine_case
 

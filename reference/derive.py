@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from functools import cached_property
 
 from reference import backends as bk
+from reference.backends import Packing
 from reference.config import CaseConfig, LayerConfig
 from reference.dtypes import quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
@@ -21,7 +22,7 @@ from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
 from reference.specs import AttentionSpec, LayerSpec, MambaSpec, SpecKind, first_layer_spec, layer_spec_of
-from reference.views import BlockBytes, LayerBytes, TensorView, create_views, layer_bytes
+from reference.views import BlockBytes, LayerBytes, TensorView, create_views, effective_packing, layer_bytes
 
 _KIND = {
     "full": SpecKind.FULL,
@@ -111,6 +112,16 @@ class Derivation:
                 raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
             geometry = self._geometry[layer] = layer_bytes(*inputs)
         return geometry.block(block_id)
+
+    def kv_packing(self, layer: str) -> Packing:
+        """How K and V sit in ``layer``'s page (``reference.backends.Packing``): K then V in
+        the last dim for most backends, but two head slots (ROCM_ATTN, B12X, nvfp4), K/V
+        planes per head (CPU_ATTN), one MLA latent, or raw state."""
+        try:
+            _view, _strides, spec, packing, _ratio = self._geometry_inputs[layer]
+        except KeyError:
+            raise ConfigError(f"layer {layer!r} is not one of the case's layers") from None
+        return effective_packing(spec, packing)
 
     def layer_blocks(self, layer: str) -> "LayerBlocks":
         """The block arithmetic of one registered layer, in a connector's terms."""

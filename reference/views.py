@@ -193,6 +193,17 @@ class LayerBytes:
         )
 
 
+def effective_packing(spec: LayerSpec, packing: Packing) -> Packing:
+    """How K and V sit in this layer's page: the backend's packing, except that a spec with
+    head slots (nvfp4) puts K heads then V heads whatever the backend, and a layer without
+    attention holds raw state."""
+    if not isinstance(spec, AttentionSpec):
+        return Packing.STATE
+    if packing is Packing.KV_IN_C and spec.num_head_slots is not None:
+        return Packing.TWO_HEAD_SLOTS  # nvfp4: K heads, then V heads
+    return packing
+
+
 def layer_bytes(view: TensorView, byte_strides: tuple[int, ...], spec: LayerSpec, packing: Packing, ratio: int) -> LayerBytes:
     """Byte geometry of a layer view, with K/V split according to the backend's packing."""
     sB, sH, sN, _ = byte_strides
@@ -204,8 +215,7 @@ def layer_bytes(view: TensorView, byte_strides: tuple[int, ...], spec: LayerSpec
     page = make_region(start, content, page_dims)
     k: Region
     v: Region | None
-    if isinstance(spec, AttentionSpec) and packing is Packing.KV_IN_C and spec.num_head_slots is not None:
-        packing = Packing.TWO_HEAD_SLOTS  # nvfp4: K heads, then V heads
+    packing = effective_packing(spec, packing)
     if not isinstance(spec, AttentionSpec) or packing in (Packing.MLA_LATENT, Packing.STATE):
         k, v = page, None
     elif packing is Packing.KV_IN_C:

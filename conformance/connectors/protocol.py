@@ -76,6 +76,17 @@ class LayerInfo:
     is_mla: bool
     is_mamba: bool
     is_draft: bool
+    kv_packing: str = "kv_in_c"
+    """Where K and V sit in the layer's ``[B, H, N, C]`` page (``reference.backends.Packing``):
+
+    - ``kv_in_c``: K then V in the last dim C, per (token, head) (FlashAttention,
+      FlashInfer, Triton, Flex);
+    - ``two_head_slots``: H is 2 slots, K then V, and C holds every head of one token
+      (ROCM_ATTN, B12X, nvfp4 caches);
+    - ``cpu_kv_planes``: per (block, head) a K plane of N tokens, then a V plane (CPU_ATTN);
+    - ``mla_latent``: one latent vector per token, no separate V (the MLA family);
+    - ``state``: raw recurrent state (Mamba-like layers).
+    """
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,7 @@ def make_context(derivation) -> RegistrationContext:
             is_mla=attn and spec.kind.is_mla,
             is_mamba=not attn,
             is_draft=bool(getattr(spec, "is_draft", False)),
+            kv_packing=derivation.kv_packing(name).value,
         )
     return RegistrationContext(
         case_name=derivation.case.name,

@@ -3,9 +3,10 @@ drivers learn them, so a moved module or a split function is a change here only.
 
 - vLLM 0.33: ``vllm/v1/core/kv_cache_planning.py`` (``get_global_kv_cache_groups``,
   ``get_kv_cache_configs(..., global_kv_cache_groups)``, ``_pool_bytes_per_block``, ...);
-- vLLM 0.30 to 0.32: the same functions in ``vllm/v1/core/kv_cache_utils.py``, where
+- vLLM 0.29 to 0.32: the same functions in ``vllm/v1/core/kv_cache_utils.py``, where
   ``get_kv_cache_configs`` computes the global groups itself (merge, spec registry check,
-  sliding-window retained tokens, ``get_kv_cache_groups``) and takes no groups.
+  sliding-window retained tokens, ``get_kv_cache_groups``) and takes no groups;
+  ``_pool_bytes_per_block`` takes the groups only up to 0.31.
 
 Every answer is vLLM's own function's; where a release computes something only inside a
 larger function, that function is run and the fact read off its result.
@@ -55,7 +56,11 @@ def kv_cache_configs(vllm_config: Any, kv_cache_specs: list[dict[str, Any]], ava
 
 
 def pool_bytes_per_block(vllm_config: Any, groups: list[Any]) -> int:
-    return planning_module()._pool_bytes_per_block(vllm_config, groups)
+    """Bytes per block of the pool (0.29 to 0.31 take the groups only)."""
+    function = planning_module()._pool_bytes_per_block
+    if len(inspect.signature(function).parameters) == 1:
+        return function(groups)
+    return function(vllm_config, groups)
 
 
 def check_enough_kv_cache_memory(*args: Any) -> None:

@@ -172,3 +172,36 @@ def test_instance_adapter_is_reused_and_bad_spec_is_rejected():
     assert validate_registration(Instance(), cases=["nixl-dense-fa"]).ok
     with pytest.raises(ValueError, match="package.module:Name"):
         load_connector("no_colon")
+
+
+@pytest.mark.parametrize(("name", "packing"), [("b12x-two-slots", "two_head_slots"), ("cpu-attn-b32", "cpu_kv_planes"),
+                                                ("flashinfer-b128-k64", "kv_in_c"), ("mla-gqa-draft-b64", None)])
+def test_layer_facts_say_where_k_and_v_sit(name: str, packing: str | None) -> None:
+    """``LayerInfo.kv_packing``: an adapter written from it finds K and V for every backend,
+    not only where K then V share the last dim."""
+    from conformance.connectors.validate import make_context
+
+    ctx = make_context(derive(get_case(name), "mrv1"))
+    got = {info.backend: info.kv_packing for info in ctx.layers.values()}
+    if packing is None:  # MLA target, GQA draft
+        assert set(got.values()) == {"mla_latent", "kv_in_c"}, got
+    else:
+        assert set(got.values()) == {packing}, got
+
+
+def test_replay_line_of_an_out_of_tree_adapter_carries_its_import_path(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    from conformance.replay import replay_command
+
+    (tmp_path / "my_adapters.py").write_text("from conformance.connectors.examples import ReferenceAdapter as Mine\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = replay_command(get_case("flashinfer-b16"), connector="my_adapters:Mine")
+    assert line.startswith(f"PYTHONPATH={tmp_path}") and "kvconform check --connector my_adapters:Mine" in line
+    assert replay_command(get_case("flashinfer-b16"), connector="conformance.connectors.examples:ReferenceAdapter").startswith("kvconform check")
+    # Works as printed, from another directory, in a shell without that path.
+    kvconform = f"{sys.executable} -m conformance.cli"
+    out = subprocess.run(["bash", "-c", line.replace("kvconform ", f"{kvconform} ", 1)], cwd="/", capture_output=True, text=True,
+                         env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stdout[-500:] + out.stderr[-500:]
