@@ -344,10 +344,13 @@ class _MRv2:
         self.kernel_groups = [_kernel_group(api, grp, g, sc["max_num_reqs"], self.widths[g])
                               for g, grp in enumerate(groups)]
         # vLLM's own request state picks each request's slot (a stack of free slots).
+        import inspect
+
+        dense = ({"use_dense_all_token_ids": False}
+                 if "use_dense_all_token_ids" in inspect.signature(api.RequestState).parameters else {})  # 0.32 on
         self.states = api.RequestState(
             max_num_reqs=sc["max_num_reqs"], max_model_len=1, max_num_batched_tokens=sc["max_num_batched_tokens"],
-            num_speculative_steps=0, vocab_size=1, device=torch.device("cpu"), num_prefill_lookahead=1,
-            use_dense_all_token_ids=False)
+            num_speculative_steps=0, vocab_size=1, device=torch.device("cpu"), num_prefill_lookahead=1, **dense)
 
     @property
     def locations(self) -> Any:

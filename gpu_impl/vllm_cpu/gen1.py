@@ -61,8 +61,8 @@ def _view(t: Any) -> ViewObs:
 def _call_with_signature(function: Any, self_: Any, **available: Any) -> Any:
     """Call one of vLLM's functions with the arguments its installed signature names (by
     name, from ``available``); ``self_`` first for an unbound method. A parameter without
-    a default that ``available`` lacks is a release this driver does not know: TypeError
-    names it, and the run says so."""
+    a default that ``available`` lacks is a release this driver does not know:
+    ``_UnknownSignature`` names it, and the observation says so (``unsupported``)."""
     params = list(inspect.signature(function).parameters.values())
     if self_ is not None:
         params = params[1:]

@@ -296,6 +296,7 @@ def _mrv1_runner(case, vc, device):
         # GPUModelRunner.__init__'s placeholder InputBatch (rebuilt by
         # may_reinitialize_input_batch once the real block sizes are known).
         _init_block_sizes=[vc.cache_config.block_size],
+        _init_kernel_block_sizes=[vc.cache_config.block_size],  # up to 0.31
         _init_max_num_blocks=[1],
         _init_slot_mapping_modes=[SlotMappingMode.TOKEN_TO_KV_SLOT],
         cp_kv_cache_interleave_size=vc.parallel_config.cp_kv_cache_interleave_size,
@@ -359,6 +360,9 @@ def _mrv2_runner(case, vc, device):
     from vllm.v1.worker.gpu.states import RequestState
 
     # GPUModelRunner.__init__'s request state and input buffers, sized like the runner's.
+    import inspect
+
+    dense = {"use_dense_all_token_ids": False} if "use_dense_all_token_ids" in inspect.signature(RequestState).parameters else {}
     r.req_states = RequestState(
         max_num_reqs=MAX_NUM_REQS,
         max_model_len=case.max_model_len,
@@ -367,7 +371,7 @@ def _mrv2_runner(case, vc, device):
         vocab_size=r.vocab_size,
         device=device,
         num_prefill_lookahead=1,
-        use_dense_all_token_ids=False,
+        **dense,  # 0.32 on
     )
     r.input_buffers = InputBuffers(max_num_reqs=MAX_NUM_REQS, max_num_tokens=MAX_NUM_TOKENS, device=device)
     encoder_cache = None

@@ -238,7 +238,19 @@ class VirtualMLAPrefill:
 
 def _patch_mla_prefill(cls) -> None:
     cls.get_mla_prefill_backend_cls = classmethod(lambda c, selector_config=None: VirtualMLAPrefill)
-    _applied.append(f"{cls.__name__}.get_mla_prefill_backend_cls -> a virtual MLA prefill kernel (prefill only, no KV layout)")
+    patched = [f"{cls.__name__}.get_mla_prefill_backend_cls"]
+    # Up to 0.31 the prefill kernel is picked by a module function instead (imported by name
+    # into the MLA attention layer's module too).
+    for name in ("vllm.v1.attention.backends.mla.prefill", "vllm.v1.attention.backends.mla.prefill.selector",
+                 "vllm.model_executor.layers.attention.mla_attention"):
+        try:
+            module = __import__(name, fromlist=["get_mla_prefill_backend"])
+        except Exception:  # noqa: BLE001 - a release without the module has nothing to patch
+            continue
+        if hasattr(module, "get_mla_prefill_backend"):
+            module.get_mla_prefill_backend = lambda *a, **k: VirtualMLAPrefill
+            patched.append(f"{name}.get_mla_prefill_backend")
+    _applied.append(f"{', '.join(patched)} -> a virtual MLA prefill kernel (prefill only, no KV layout)")
 
 
 def _patch_multi_layer_check(cls) -> None:
