@@ -517,7 +517,8 @@ def _check_generation1(args: argparse.Namespace, cases: Sequence[Any]) -> int:
     if release is None:
         raise NothingRan("generation-1 cases need a generation-1 vLLM (0.19 to 0.28) installed, e.g. "
                          "`bash scripts/release_env.sh 0.20.0`")
-    results = gen1_mooncake.check(cases, tuple(args.runner or ("mrv1", "mrv2")), vllm_version=release)
+    results = gen1_mooncake.check(cases, tuple(args.runner or ("mrv1", "mrv2")), vllm_version=release,
+                                  expectations=() if args.no_expectations else None)
     if args.json != "-":
         print(f"kvconform: vLLM {release}'s MooncakeConnectorWorker on what each runner registers, {len(cases)} case(s)")
         print(gen1_mooncake.format_results(results))
@@ -600,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the release history as JSON")
     p.add_argument("--markdown", metavar="FILE", help="write it as Markdown")
     p.add_argument("--html", metavar="FILE", help="write it as one HTML page")
+    p.add_argument("--no-expectations", action="store_true",
+                   help="judge every release without the shipped expectations: known upstream bugs count as unexpected")
     p.set_defaults(func=_cmd_matrix)
 
     p = sub.add_parser("check", help="a KV connector adapter's registration against the reference")
@@ -607,6 +610,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
     p.add_argument("--runner", action="append", choices=("mrv1", "mrv2"), help="runner(s) to derive for (default: both)")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    p.add_argument("--no-expectations", action="store_true",
+                   help="generation-1 Mooncake check: count failures the shipped expectations cite as unexpected")
     p.set_defaults(func=_cmd_check)
     return parser
 
@@ -633,7 +638,8 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
             raise UsageError(f"--venv {item!r}: expected VERSION=PATH for one of --releases, PATH a venv with kvconform installed")
         venvs[version] = Path(path)
     try:
-        return main_matrix(args.releases, venvs, *(Path(p) if p else None for p in (args.json, args.markdown, args.html)))
+        return main_matrix(args.releases, venvs, *(Path(p) if p else None for p in (args.json, args.markdown, args.html)),
+                           no_expectations=args.no_expectations)
     except RuntimeError as exc:  # a release venv that could not be made
         raise NothingRan(str(exc)) from None
 

@@ -98,8 +98,9 @@ def _label(d: Mapping[str, Any]) -> str:
     return "unexpected"
 
 
-def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
-    """``kvconform run`` and the connector checks of one release, each in its own process."""
+def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: bool = False) -> dict[str, Any]:
+    """``kvconform run`` and the connector checks of one release, each in its own process
+    (``no_expectations``: every divergence and connector failure counts as unexpected)."""
     env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(venv),
                CUDA_VISIBLE_DEVICES="", KVCONFORM_VLLM_LOG=str(workdir / f"vllm-{version}.log"))
     cases = release_cases(version)
@@ -110,7 +111,8 @@ def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
         case_files += ["--case", str(path)]
     report_path = workdir / f"run-{version}.json"
     t0 = time.monotonic()
-    code, line = _run([str(venv / "bin" / "kvconform"), "run", *case_files, "--json", str(report_path)], env)
+    raw = ["--no-expectations"] if no_expectations else []
+    code, line = _run([str(venv / "bin" / "kvconform"), "run", *case_files, *raw, "--json", str(report_path)], env)
     run: dict[str, Any] = {"exit": code, "line": line, "cases": len(cases), "seconds": round(time.monotonic() - t0, 1)}
     if report_path.exists():
         report = json.loads(report_path.read_text())
@@ -125,7 +127,7 @@ def check_release(version: str, venv: Path, workdir: Path) -> dict[str, Any]:
         first = [c for c in cases if c.generation == 2][:4]
         args = ([arg for path in gen1 for arg in ("--case", path)] or
                 [arg for c in first for arg in ("--case", c.name)] or ["--case", "flashinfer-b128-k64"])
-        code, line = _run([str(venv / "bin" / "kvconform"), "check", "--connector", adapter, *args, "--json", str(target)], env)
+        code, line = _run([str(venv / "bin" / "kvconform"), "check", "--connector", adapter, *args, *raw, "--json", str(target)], env)
         shown = "" if gen1 else " " + shlex.join(args)  # generation-1 cases: the release's own (bare check)
         checks[name] = {"exit": code, "line": line,
                         "replay": f"{_venv_prefix(version)} kvconform check --connector {adapter}{shown}"}
@@ -190,15 +192,17 @@ def transitions(releases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def build(versions: Sequence[str], venv_of: Callable[[str], Path], workdir: Path, *, say: Callable[[str], None] = print) -> dict[str, Any]:
+def build(versions: Sequence[str], venv_of: Callable[[str], Path], workdir: Path, *, say: Callable[[str], None] = print,
+          no_expectations: bool = False) -> dict[str, Any]:
     releases = []
     for version in versions:
         say(f"kvconform: matrix: vLLM {version}")
-        releases.append(check_release(version, venv_of(version), workdir))
+        releases.append(check_release(version, venv_of(version), workdir, no_expectations=no_expectations))
         run = releases[-1]["run"]
         say(f"kvconform: matrix: vLLM {version}: run exit {run['exit']}, {len(unexpected(run))} unexpected and "
             f"{len(run.get('divergences', [])) - len(unexpected(run))} known divergence(s)")
-    return {"schema": SCHEMA, "created": time.time(), "releases": releases, "transitions": transitions(releases)}
+    return {"schema": SCHEMA, "created": time.time(), "expectations": "none" if no_expectations else "shipped",
+            "releases": releases, "transitions": transitions(releases)}
 
 
 def release_venv(version: str) -> Path:
@@ -218,6 +222,8 @@ def to_markdown(history: Mapping[str, Any]) -> str:
              "a divergence is *known* when a shipped expectation (conformance/expectations.toml) cites the upstream "
              "bug behind it, *unexpected* otherwise.", "",
              "| release | run | unexpected | known | NIXL check | Mooncake check |", "|---|---|---|---|---|---|"]
+    if history.get("expectations") == "none":
+        lines[2:2] = ["Judged without the shipped expectations (`--no-expectations`): known upstream bugs count as unexpected.", ""]
     for r in history["releases"]:
         run = r["run"]
         counts = ", ".join(f"{n} {k}" for k, n in sorted((run.get("counts") or {}).items())) or run["line"]
@@ -277,10 +283,11 @@ def write(history: Mapping[str, Any], json_path: Path | None, markdown: Path | N
 
 
 def main_matrix(versions: Sequence[str], venvs: Mapping[str, Path], json_path: Path | None, markdown: Path | None,
-                html_path: Path | None) -> int:
+                html_path: Path | None, *, no_expectations: bool = False) -> int:
     """0: every release ran without an unexpected divergence; 1: a release had one; 5: none ran."""
     with tempfile.TemporaryDirectory(prefix="kvconform-matrix-") as tmp:
-        history = build(versions, lambda v: venvs.get(v) or release_venv(v), Path(tmp), say=lambda line: print(line, file=sys.stderr))
+        history = build(versions, lambda v: venvs.get(v) or release_venv(v), Path(tmp), say=lambda line: print(line, file=sys.stderr),
+                        no_expectations=no_expectations)
     write(history, json_path, markdown, html_path)
     print(to_markdown(history).split("\n## ")[0])
     runs = [r["run"] for r in history["releases"]]

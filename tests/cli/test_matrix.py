@@ -86,3 +86,16 @@ def test_connector_refusals_and_failures_appear_and_vanish_between_releases() ->
     assert step["vanished"][0]["message"].startswith("mooncake check: gen1-mla-eagle-b64 [mrv1] refusal")
     history = {"schema": matrix.SCHEMA, "created": 0, "releases": [old, new], "transitions": [step]}
     assert "exit 0: 1 refusal" in matrix.to_markdown(history) and "replay mla-eagle" in matrix.to_markdown(history)
+
+
+def test_no_expectations_reaches_every_step_of_a_release(tmp_path, monkeypatch) -> None:
+    """``kvconform matrix --no-expectations``: the run and the connector checks of each
+    release are judged without the shipped expectations (known bugs count as unexpected)."""
+    commands = []
+    monkeypatch.setattr(matrix, "_run", lambda cmd, env: (commands.append(list(cmd)) or (0, "")))
+    history = matrix.build(["0.21.0"], lambda v: tmp_path, tmp_path, say=lambda line: None, no_expectations=True)
+    assert history["expectations"] == "none"
+    assert len(commands) == 1 + len(matrix.CONNECTORS) and all("--no-expectations" in c for c in commands)
+    commands.clear()
+    assert matrix.build(["0.21.0"], lambda v: tmp_path, tmp_path, say=lambda line: None)["expectations"] == "shipped"
+    assert commands and not any("--no-expectations" in c for c in commands)
