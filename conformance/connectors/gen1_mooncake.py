@@ -23,9 +23,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from conformance.replay import replay_command
+from reference import intervals
 
 CONNECTOR = "gpu_impl.connectors.mooncake:MooncakeAdapter"
 """The built-in Mooncake adapter's name; on a generation-1 vLLM it is checked here."""
@@ -53,30 +54,15 @@ class Gen1ConnectorResult:
     reported but does not fail the check."""
 
 
-def _merge(intervals: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[list[int]] = []
-    for lo, hi in sorted(intervals):
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return [(lo, hi) for lo, hi in out]
-
-
 def _show(intervals: Sequence[tuple[int, int]]) -> str:
     return ", ".join(f"[{lo}, {hi})" for lo, hi in intervals[:3]) + (" ..." if len(intervals) > 3 else "")
-
-
-def _size(intervals: Sequence[tuple[int, int]]) -> int:
-    return sum(hi - lo for lo, hi in intervals)
 
 
 def _cause(case: Any, obs: Any, block: int, got: Sequence[tuple[int, int]], owned: Sequence[tuple[int, int]]) -> str:
     """Which way a block's planned copies miss its bytes, in the terms of the layout."""
     ratio = case.block_size // obs.block_size if obs.block_size else 0
-    inside = _merge((max(lo, a), min(hi, b)) for lo, hi in got for a, b in owned if max(lo, a) < min(hi, b))
-    missed, extra = _size(owned) - _size(inside), _size(got) - _size(inside)
-    if ratio > 1 and len(got) == 1 and _size(got) * ratio == _size(owned):  # one kernel block's worth
+    missed, extra = intervals.total(intervals.subtract(owned, got)), intervals.total(intervals.subtract(got, owned))
+    if ratio > 1 and len(got) == 1 and intervals.total(got) * ratio == intervals.total(owned):  # one kernel block's worth
         return (f"kernel blocks: the worker works in {obs.block_size}-token blocks ({ratio} per logical block) "
                 f"but plans logical block {block} as one of them")
     if missed == 0 and extra:
@@ -136,8 +122,8 @@ def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
         for ptr, t in tensors.items():
             sharing = [u.name for u in obs.layers if u.data_ptr == ptr]
             shift = bases[index[t.name]]
-            owned = _merge((lo - shift, hi - shift) for name in sharing for lo, hi in merged_runs([d.block_bytes(name, b).page]))
-            got = _merge(moved.get(ptr, []))
+            owned = intervals.merge((lo - shift, hi - shift) for name in sharing for lo, hi in merged_runs([d.block_bytes(name, b).page]))
+            got = intervals.merge(moved.get(ptr, []))
             if got != owned:
                 cause = _cause(case, obs, b, got, owned)
                 findings.append(f"{t.name} block {b}: moves {_show(got)} where the block's bytes are {_show(owned)} ({cause})")

@@ -21,8 +21,16 @@ from gpu_impl.connectors.nixl import _plan
 
 
 class RecordingTransferEngine:
+    """Mooncake's ``TransferEngine`` (an RDMA service): records what is registered."""
+
     def __init__(self) -> None:
         self.registered: list[tuple[list[int], list[int]]] = []
+
+    def initialize(self, *args: Any) -> int:  # the worker's own __init__ calls it (generation 1)
+        return 0
+
+    def get_rpc_port(self) -> int:
+        return 0
 
     def batch_register_memory(self, ptrs, lens):
         self.registered.append((list(ptrs), list(lens)))

@@ -30,26 +30,6 @@ from unittest import mock
 WORKER_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector"
 
 
-class _RecordingTransferEngine:
-    """Mooncake's ``TransferEngine`` (an RDMA service): records what is registered."""
-
-    def __init__(self) -> None:
-        self.registered: list[tuple[list[int], list[int]]] = []
-
-    def initialize(self, *args: Any) -> int:
-        return 0
-
-    def get_rpc_port(self) -> int:
-        return 0
-
-    def batch_register_memory(self, ptrs: list[int], lens: list[int]) -> int:
-        self.registered.append((list(ptrs), list(lens)))
-        return 0
-
-    def batch_unregister_memory(self, ptrs: list[int]) -> int:
-        return 0
-
-
 @dataclass(frozen=True)
 class LayerTensor:
     """One registered tensor as the connector was given it."""
@@ -192,7 +172,9 @@ def _register(mc: Any, case: Any, kv: Any) -> dict[str, Any]:
     model = SimpleNamespace(use_mla=use_mla, get_total_num_kv_heads=lambda: heads, get_num_kv_heads=lambda *a: heads,
                             get_num_attention_heads=lambda *a: heads, is_hybrid=False,
                             hf_text_config=SimpleNamespace(), dtype=None)
-    engine = _RecordingTransferEngine()
+    from gpu_impl.connectors.mooncake import RecordingTransferEngine
+
+    engine = RecordingTransferEngine()
     patches = [mock.patch.object(mc, "TransferEngine", lambda: engine), mock.patch.object(mc, "get_ip", lambda: "127.0.0.1"),
                mock.patch.object(mc, "get_tensor_model_parallel_rank", lambda: 0),
                mock.patch.object(mc, "get_tensor_model_parallel_world_size", lambda: 1),

@@ -17,6 +17,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpu_impl.vllm_cpu.backends import size_repr
+
 PROBE = {"num_blocks": 10, "block_size": 16, "num_kv_heads": 8, "head_size": 128, "mla_head_size": 576}
 """The geometry the shapes are asked for (MLA: one latent head of 576)."""
 
@@ -33,15 +35,10 @@ class BackendFacts:
     """``get_kv_cache_stride_order()`` per layout; None where the backend has none
     (``NotImplementedError``/``AttributeError``: the runners fall back to the identity)."""
     kernel_block_sizes: tuple[str, ...] | None
-    """``get_supported_kernel_block_sizes()``: ints as ``"64"``, ``MultipleOf(16)`` as
-    ``"multiple of 16"``."""
+    """``get_supported_kernel_block_sizes()``, each as ``backends.size_repr`` writes it
+    (``"64"``, ``"MultipleOf(16)"``)."""
     problem: str | None = None
     """Why the class or a method could not be asked (e.g. a CUDA-only import)."""
-
-
-def _kernel_size(size: Any) -> str:
-    base = getattr(size, "base", None)
-    return f"multiple of {base}" if base is not None else str(int(size))
 
 
 def backend_facts(name: str, *, mla: bool) -> BackendFacts:
@@ -79,7 +76,7 @@ def backend_facts(name: str, *, mla: bool) -> BackendFacts:
         if hasattr(layout_of, "cache_clear"):
             layout_of.cache_clear()
     try:
-        kernel: tuple[str, ...] | None = tuple(_kernel_size(s) for s in cls.get_supported_kernel_block_sizes())
+        kernel: tuple[str, ...] | None = tuple(str(size_repr(s)) for s in cls.get_supported_kernel_block_sizes())
     except (AttributeError, AssertionError, NotImplementedError) as exc:
         kernel = None
         problem = problem or f"get_supported_kernel_block_sizes: {type(exc).__name__}"

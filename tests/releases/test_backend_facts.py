@@ -13,31 +13,22 @@ from reference import backends as bk
 from reference.config import CaseConfig, LayerConfig
 from reference.errors import NotModeledError, StartupError
 from reference.legacy import legacy_kernel_block_sizes, legacy_kv_cache_shape, legacy_spec, legacy_stride_order
+from installed_release import installed_version
 
 MODELED = tuple(name for name, info in bk.BACKENDS.items() if info.legacy is not None)
-
-
-def _version() -> str:
-    import vllm
-
-    return vllm.__version__
-
-
-def _render(size) -> str:
-    base = getattr(size, "base", None)
-    return f"multiple of {base}" if base is not None else str(int(size))
 
 
 @pytest.mark.parametrize("backend", MODELED)
 def test_backend_class_gives_the_reference_facts_of_this_release(backend: str) -> None:
     __tracebackhide__ = True
     from gpu_impl.vllm_cpu.backend_facts import PROBE, backend_facts
+    from gpu_impl.vllm_cpu.backends import size_repr
 
     mla = "MLA" in backend
     facts = backend_facts(backend, mla=mla)
     if facts.problem is not None and facts.shape is None and not facts.stride_order:
         pytest.skip(f"{backend} does not load on this machine: {facts.problem}")
-    version = _version()
+    version = installed_version()
     heads, head_size = (1, PROBE["mla_head_size"]) if mla else (PROBE["num_kv_heads"], PROBE["head_size"])
     try:
         want_shape = legacy_kv_cache_shape(backend, PROBE["num_blocks"], PROBE["block_size"], heads, head_size,
@@ -55,7 +46,7 @@ def test_backend_class_gives_the_reference_facts_of_this_release(backend: str) -
         case = CaseConfig(name="facts", layers=(LayerConfig("l0", kind="mla" if mla else "full", backend=backend,
                                                             num_kv_heads=heads, head_size=head_size),),
                           block_size=PROBE["block_size"], generation=1, vllm_version=version)
-        want_kernel = tuple(_render(s) for s in legacy_kernel_block_sizes(backend, legacy_spec(case, case.layers[0], backend),
+        want_kernel = tuple(str(size_repr(s)) for s in legacy_kernel_block_sizes(backend, legacy_spec(case, case.layers[0], backend),
                                                                           case.capability, version))
         assert facts.kernel_block_sizes == want_kernel, (
             f"vLLM {version} {backend}.get_supported_kernel_block_sizes: {facts.kernel_block_sizes} (reference: {want_kernel})")

@@ -10,23 +10,10 @@ import pytest
 
 from conformance.diff import compare, compare_runners
 from reference.legacy import MRV2_KERNEL_BLOCKS_SINCE, mrv1_mrv2_differences, parse_version
-from suites.release_cases import gen1_cases
+from installed_release import installed_version, release_cases
 
 
-def _version() -> str:
-    import vllm
-
-    return vllm.__version__
-
-
-def _cases():
-    try:
-        return gen1_cases(_version())
-    except Exception:  # noqa: BLE001 - no vLLM: the folder's fixture skips with the reason
-        return gen1_cases("0.21.0")
-
-
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c.name)
+@pytest.mark.parametrize("case", release_cases(), ids=lambda c: c.name)
 def test_each_runner_conforms_and_only_42846_splits_them(case) -> None:
     from gpu_impl.vllm_cpu.planning import observe
 
@@ -40,7 +27,7 @@ def test_each_runner_conforms_and_only_42846_splits_them(case) -> None:
     # 0.21 MRv2 reshapes with the logical block size wherever the kernel's is smaller).
     predicted = {line.split(":", 1)[0] for line in mrv1_mrv2_differences(case)}
     assert {d.field.rsplit(".", 1)[0] for d in mismatches} == predicted, [d.message for d in mismatches]
-    before_fix = parse_version(_version()) < MRV2_KERNEL_BLOCKS_SINCE
+    before_fix = parse_version(installed_version()) < MRV2_KERNEL_BLOCKS_SINCE
     if before_fix and case.block_size == 128 and case.layers[0].backend in ("FLASHINFER", "FLASHMLA"):
         assert predicted and all(d.expected[0] == 2 * d.observed[0] for d in mismatches if d.field.endswith(".shape"))
     elif not before_fix:

@@ -10,24 +10,11 @@ import pytest
 from conformance.connectors.gen1_mooncake import judge
 from reference.errors import StartupError
 from reference.legacy import MOONCAKE_KERNEL_SYNC_SINCE, derive_legacy, mooncake_refusal, parse_version
-from suites.release_cases import gen1_cases
-
-
-def _version() -> str:
-    import vllm
-
-    return vllm.__version__
-
-
-def _cases():
-    try:
-        return gen1_cases(_version())
-    except Exception:  # noqa: BLE001 - no vLLM: the folder's fixture skips with the reason
-        return gen1_cases("0.21.0")
+from installed_release import installed_version, release_cases
 
 
 @pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c.name)
+@pytest.mark.parametrize("case", release_cases(), ids=lambda c: c.name)
 def test_mooncake_refuses_exactly_where_the_reference_predicts(case, runner: str) -> None:
     from gpu_impl.connectors.mooncake_gen1 import observe_registration
 
@@ -49,9 +36,9 @@ def test_mooncake_refuses_exactly_where_the_reference_predicts(case, runner: str
 def test_mla_with_a_gqa_draft_is_refused_before_39596_and_passes_after(runner: str) -> None:
     from gpu_impl.connectors.mooncake_gen1 import observe_registration
 
-    case = next(c for c in _cases() if c.name == "gen1-mla-eagle-b64")
+    case = next(c for c in release_cases() if c.name == "gen1-mla-eagle-b64")
     verdict = judge(case, runner, observe_registration(case, runner))
-    if parse_version(_version()) < MOONCAKE_KERNEL_SYNC_SINCE:
+    if parse_version(installed_version()) < MOONCAKE_KERNEL_SYNC_SINCE:
         assert verdict.status == "refusal" and "assert self.block_size == kernel_block_size" in verdict.detail, verdict
     else:
         assert verdict.status == "pass", (verdict.detail, verdict.findings)
