@@ -34,6 +34,22 @@ Optional members (checked when present, with a targeted message when wrong):
 - ``kernel_block_size``: tokens per registered block (an int attribute or property);
 - ``kv_descriptors(layer, block_id) -> (k_ranges, v_ranges)``: for connectors that move
   K and V separately; each side is compared with the reference's K and V bytes.
+
+The round trip (``conformance.connectors.roundtrip``) fills the pool with a pattern, stores
+logical block b, clears the pool, loads into block b' and checks every byte. A connector
+with its own copy path implements both of:
+
+- ``store(block_ids, engine) -> handle``: the connector's own store path for those logical
+  block ids (every layer it transfers), moving bytes out of the registered tensors into
+  connector-side memory obtained from ``engine.host_buffer(nbytes)``;
+- ``load(handle, block_ids, engine)``: its own load path, from ``handle`` into those ids.
+
+Every byte either moves through ``engine.copy(src, dst, nbytes)`` (the faked copy engine:
+bounds-checked, refused outside the pool and the host buffers) or through torch ops on the
+registered tensors. Without ``store``/``load`` the round trip moves each layer's
+``descriptors`` in order (what NIXL and Mooncake pair up, descriptor i to descriptor i).
+``transferred_layers`` (optional, after ``register``): the layers the connector moves at
+all, when it moves only some by design (e.g. only the offloaded groups).
 """
 
 from __future__ import annotations
@@ -111,6 +127,10 @@ class RegistrationContext:
     """Per KV cache group, what ``prepare_kernel_block_sizes`` chose."""
     case: Any = field(default=None, compare=False, repr=False)
     """The ``reference.config.CaseConfig`` (drivers of real connectors rebuild vLLM's config from it)."""
+    vllm: Any = field(default=None, compare=False, repr=False)
+    """What the runner had when it registered the tensors (``gpu_impl.vllm_cpu.registration.RegisteredKV``:
+    ``vllm_config``, ``kv_cache_config``, ``backends``, ``kernel_block_sizes``, ``kv_caches``);
+    None when the tensors were not registered by vLLM (an out-of-tree check of the reference's views)."""
 
 
 ConnectorFactory = Callable[[RegistrationContext], ConnectorAdapter]

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import inspect
 import os
-from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
 from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
+from gpu_impl.vllm_cpu.registration import RegisteredKV
 
 FIDELITY_REASON = (
     "generation 1: specs built from the case (stand-in layers), then vLLM's planning, MRv1's initialize_attn_backend "
@@ -87,22 +87,6 @@ class _RunnerStandIn(SimpleNamespace):
         if callable(method):
             return method.__get__(self)
         raise AttributeError(f"the stand-in runner has no {name!r} (GPUModelRunner.__init__ would set it)")
-
-
-@dataclass(frozen=True)
-class RegisteredKV:
-    """What a runner hands a connector: the ``kv_caches`` it registered and the planning they came from."""
-
-    vllm_config: Any
-    """The case's ``VllmConfig`` (current while ``on_registered`` runs)."""
-    kv_cache_config: Any
-    """vLLM's ``KVCacheConfig`` for the case."""
-    backends: dict[str, Any]
-    """Layer name -> attention backend class."""
-    kernel_block_sizes: list[int] | None
-    """What ``prepare_kernel_block_sizes`` returned, per group (None: the runner asks for none)."""
-    kv_caches: dict[str, Any]
-    """Layer name -> the registered tensor, in the case's layer order."""
 
 
 class _UnknownSignature(Exception):
