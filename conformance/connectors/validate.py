@@ -1,12 +1,30 @@
-"""``validate_registration``: feed a connector adapter the exact tensors vLLM 0.33.0 registers,
-and compare the bytes it would transfer for every (layer, logical block) with the reference.
+"""``validate_registration``: feed a connector adapter the tensors vLLM registers, compare the
+bytes it would transfer for every (layer, logical block) with the reference, and round-trip
+a block through the connector's own copies (``conformance.connectors.roundtrip``).
 
-Tensors are real CPU tensors carved with ``torch.as_strided`` from one int8 pool, exactly as
-the reference's ``TensorView``s say (shape, stride, dtype, storage offset, one shared storage).
+The tensors (``tensors="vllm"``, the default) are the ``kv_caches`` each runner's own
+``initialize_kv_cache`` registered, allocated in host memory
+(``gpu_impl.vllm_cpu.planning.observe(device="cpu", on_registered=...)``); the adapter gets
+the runner's vLLM config and KV cache config with them (``RegistrationContext.vllm``). Where
+those views differ from the reference's, the connector is not judged on them (``kvconform
+run`` reports the runner's divergence). ``tensors="reference"`` carves them from one int8
+pool exactly as the reference's ``TensorView``s say, for checking an adapter's arithmetic
+without vLLM installed.
+
+Per connector x case x runner the status is one of ``STATUSES``:
+
+- ``pass``: every block's descriptors are its bytes and the round trip restores them;
+- ``refusal``: the connector's own code raised at registration (the message and the line
+  that raised are reported; not a failure by default);
+- ``failure``: it accepted the layout and moves other bytes (each divergence says which);
+- ``unsupported``: the connector cannot be driven here for the case (why);
+- ``skipped``: vLLM refuses the case, the reference does not model it, or vLLM registered
+  other views than the reference predicts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 from dataclasses import dataclass, field
@@ -17,6 +35,10 @@ from reference import intervals
 
 _TORCH_DTYPES = ("bfloat16", "float16", "float32", "uint8", "int8", "float8_e4m3fn", "float8_e5m2")
 _SHOW = 3  # intervals shown per expected/observed value
+STATUSES = ("pass", "refusal", "failure", "unsupported", "skipped")
+TENSOR_SOURCES = ("vllm", "reference")
+MAX_POOL_BYTES = 256 << 20
+"""Pools above this are not allocated for a byte-level check (bounded memory on any case)."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +50,8 @@ class Divergence:
     layer: str
     block: int | None
     field: str
-    """``descriptors``, ``k``, ``v``, ``block_len``, ``num_blocks``, ``kernel_block_size``, ``register``."""
+    """``descriptors``, ``k``, ``v``, ``heads``, ``block_len``, ``num_blocks``, ``kernel_block_size``,
+    ``register`` or ``round_trip:<kind>`` (``conformance.connectors.roundtrip.Finding.kind``)."""
     expected: str
     observed: str
     message: str
@@ -43,15 +66,23 @@ class Divergence:
 
 @dataclass(frozen=True)
 class CaseResult:
+    """One connector x case x runner."""
+
     case: str
     runner: str
     status: str
-    """``pass``, ``fail`` or ``skipped``."""
+    """One of ``STATUSES``."""
     detail: str = ""
+    """For a refusal: the connector's message and the line that raised it."""
     config: str = ""
     replay: str = ""
     checked: int = 0
     """(layer, block) pairs compared."""
+    round_trip: str = ""
+    """``pass``, ``fail``, ``not_applicable`` or ``skipped`` (with why), empty if not reached."""
+    tensors: str = ""
+    """Where the registered tensors came from: ``vllm`` (the runner's own) or ``reference``."""
+    connector: str = ""
 
 
 @dataclass
@@ -66,11 +97,18 @@ class ConnectorReport:
 
     @property
     def failed_cases(self) -> list[str]:
-        return [r.case for r in self.results if r.status == "fail"]
+        return [r.case for r in self.results if r.status == "failure"]
 
     @property
     def passed_cases(self) -> list[str]:
         return [r.case for r in self.results if r.status == "pass"]
+
+    @property
+    def refused_cases(self) -> list[str]:
+        return [r.case for r in self.results if r.status == "refusal"]
+
+    def counts(self) -> dict[str, int]:
+        return {status: sum(r.status == status for r in self.results) for status in STATUSES}
 
     def for_case(self, case: str) -> list[Divergence]:
         return [d for d in self.divergences if d.case == case]
@@ -78,8 +116,8 @@ class ConnectorReport:
     def format(self, max_per_case: int = 6) -> str:
         out = [f"connector {self.connector}"]
         for r in self.results:
-            out.append(f"  {r.status.upper():7} {r.case} [{r.runner}] {r.detail}".rstrip())
-            if r.status != "fail":
+            out.append(f"  {r.status.upper():11} {r.case} [{r.runner}] {r.detail}".rstrip())
+            if r.status != "failure":
                 continue
             divs = [d for d in self.divergences if d.case == r.case and d.runner == r.runner]
             for d in divs[:max_per_case]:
@@ -89,16 +127,16 @@ class ConnectorReport:
                 out.append(f"      ... {len(divs) - max_per_case} more")
             out.append(f"      config: {r.config}")
             out.append(f"      replay: {r.replay}")
-        n_pass, n_fail = len(self.passed_cases), len(self.failed_cases)
-        n_skip = sum(r.status == "skipped" for r in self.results)
-        out.append(f"{n_pass} passed, {n_fail} failed, {n_skip} skipped (vLLM refuses or not modeled)")
+        c = self.counts()
+        out.append(f"{c['pass']} passed, {c['failure']} failed, {c['refusal']} refused by the connector, "
+                   f"{c['unsupported']} unsupported, {c['skipped']} skipped (vLLM refuses, not modeled, or views differ)")
         return "\n".join(out)
 
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         return {
-            "schema": "kvconform.connector-report/1",
+            "schema": "kvconform.connector-report/2",
             "connector": self.connector,
             "results": [asdict(r) for r in self.results],
             "divergences": [asdict(d) for d in self.divergences],
@@ -330,13 +368,85 @@ def _diagnose_heads(f: "_LayerFacts", layout: str, block: int, h0: int, h1: int,
     return f"heads [{h0}, {h1}) of block {block}: {intervals.total(observed)} bytes where the slice is {intervals.total(expected)}; derive head slices from the view's strides"
 
 
-def _check_case(connector: Any, label: str, derivation, report: ConnectorReport) -> CaseResult:
-    case = derivation.case
-    runner = derivation.runner
-    config, replay = case.to_json(), replay_command(label, case)
-    pool, caches = build_kv_caches(derivation)
-    base = pool.data_ptr()
-    ctx = make_context(derivation)
+def _views_differ(derivation, kv_caches: Mapping[str, Any]) -> str | None:
+    """Where vLLM's registered tensors differ from the reference's views (None: they agree)."""
+    if list(kv_caches) != list(derivation.registered):
+        return f"vLLM registered layers {list(kv_caches)}, the reference predicts {list(derivation.registered)}"
+    for name, view in derivation.registered.items():
+        t = kv_caches[name]
+        got = (tuple(t.shape), tuple(t.stride()), t.storage_offset(), str(t.dtype).removeprefix("torch."), t.untyped_storage().nbytes())
+        want = (tuple(view.shape), tuple(view.stride), view.storage_offset, view.dtype, view.storage_nbytes)
+        if got != want:
+            return f"{name}: vLLM registered (shape, stride, offset, dtype, pool bytes) {got}, the reference predicts {want}"
+    storages = {t.untyped_storage().data_ptr() for t in kv_caches.values()}
+    if len(storages) != 1:
+        return f"vLLM registered {len(storages)} storages, the reference predicts one shared pool"
+    return None
+
+
+def _raised_in(exc: BaseException) -> tuple[str, str]:
+    """(who raised: ``vllm``, ``kvconform`` or ``connector``, and ``file:line: code`` of the raise)."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "connector", ""
+    last = frames[-1]
+    where = f"{last.filename.split('site-packages/')[-1]}:{last.lineno}: {(last.line or '').strip()}"
+    path = last.filename.replace("\\", "/")
+    if "/vllm/" in path:
+        return "vllm", where
+    if any(f"/{pkg}/" in path for pkg in ("gpu_impl", "conformance", "reference")):
+        return "kvconform", where
+    return "connector", where
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def _check_case(connector: Any, label: str, derivation, report: ConnectorReport, tensors: str = "vllm") -> CaseResult:
+    """One case x runner: the connector registers the tensors (vLLM's own, or the reference's
+    views) and is judged by the reference."""
+    case, runner = derivation.case, derivation.runner
+    base_result = CaseResult(case.name, runner, "skipped", config=case.to_json(), replay=replay_command(label, case),
+                             tensors=tensors, connector=label)
+    pool_bytes = next(iter(derivation.registered.values())).storage_nbytes if derivation.registered else 0
+    if pool_bytes > MAX_POOL_BYTES:
+        return dataclasses.replace(base_result, detail=f"the pool is {pool_bytes} bytes, over the {MAX_POOL_BYTES}-byte bound of a byte-level check")
+    if tensors == "reference":
+        _, caches = build_kv_caches(derivation)
+        return _judge(connector, label, derivation, caches, make_context(derivation), report, base_result)
+    from gpu_impl.vllm_cpu.planning import observe
+
+    results: list[CaseResult] = []
+
+    def on_registered(kv) -> None:
+        differ = _views_differ(derivation, kv.kv_caches)
+        if differ is not None:
+            results.append(dataclasses.replace(base_result, detail=f"vLLM's views differ from the reference's (kvconform run reports it): {differ}"[:300]))
+            return
+        ctx = dataclasses.replace(make_context(derivation), vllm=kv)
+        results.append(_judge(connector, label, derivation, kv.kv_caches, ctx, report, base_result))
+
+    obs = observe(case, runner, device="cpu", on_registered=on_registered)
+    if results:
+        return results[0]
+    why = obs.unsupported or (f"vLLM's {runner.upper()} refused what the reference accepts: {obs.error}" if obs.error else
+                              "the runner registered nothing")
+    return dataclasses.replace(base_result, status="unsupported" if obs.unsupported else "skipped", detail=why[:300])
+
+
+def _judge(connector: Any, label: str, derivation, caches: Mapping[str, Any], ctx: RegistrationContext,
+           report: ConnectorReport, base_result: CaseResult) -> CaseResult:
+    from gpu_impl.connectors import Undrivable
+    from conformance.connectors.roundtrip import check_round_trip
+
+    case, runner = derivation.case, derivation.runner
+    first = next(iter(caches.values()))
+    base = first.untyped_storage().data_ptr()
+    pool_nbytes = first.untyped_storage().nbytes()
     divs: list[Divergence] = []
 
     def add(layer, block, fld, expected, observed, message):
@@ -346,17 +456,22 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                 return
         divs.append(Divergence(case.name, runner, layer, block, fld, str(expected), str(observed), message))
 
-    def finish(status: str, detail: str, checked: int = 0) -> CaseResult:
+    def finish(status: str, detail: str, checked: int = 0, round_trip: str = "") -> CaseResult:
         report.divergences.extend(divs)
-        return CaseResult(case.name, runner, status, detail, config, replay, checked)
+        return dataclasses.replace(base_result, status=status, detail=detail, checked=checked, round_trip=round_trip)
 
     try:
         adapter = _instantiate(connector, ctx)
         adapter.register(dict(caches))
-    except ADAPTER_ERRORS as exc:  # a connector bug (even sys.exit), reported like any divergence
-        add("*", None, "register", "register_kv_caches succeeds", f"{type(exc).__name__}: {exc}",
-            f"register raised {type(exc).__name__}: {exc}")
-        return finish("fail", "register raised")
+    except Undrivable as exc:
+        return finish("unsupported", f"cannot be driven here: {exc}"[:300])
+    except ADAPTER_ERRORS as exc:  # even sys.exit: reported, never ending the check
+        who, where = _raised_in(exc)
+        if who == "kvconform" and label.startswith("gpu_impl.connectors."):
+            # The built-in adapter itself failed (a changed connector API): not the connector's verdict.
+            return finish("unsupported", f"the adapter could not drive the connector: {_one_line(exc)} at {where}"[:300])
+        # The connector's own code refused the layout at registration.
+        return finish("refusal", f"{_one_line(exc)} at {where}"[:300])
 
     facts = {n: _LayerFacts(derivation, n, caches[n], base) for n in derivation.registered}
     layout_name = derivation.layout.name
@@ -367,7 +482,7 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
     owned: dict[int, bytearray] = {}
     expected_pages: dict[tuple[str, int], list] = {}
     for name in derivation.registered:
-        mask = owned.setdefault(group_of[name], bytearray(pool.numel()))
+        mask = owned.setdefault(group_of[name], bytearray(pool_nbytes))
         for b in range(derivation.num_blocks):
             bb = derivation.block_bytes(name, b)
             iv = intervals.merge((base + a, base + z) for a, z in bb.page.runs())
@@ -462,10 +577,10 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                 add(name, b, "descriptors", _show(expected, base), f"{type(exc).__name__}: {exc}",
                     f"descriptors({name!r}, {b}) raised {type(exc).__name__}: {exc}")
                 continue
-            outside = [(a, z) for a, z in observed if a < base or z > base + pool.numel()]
+            outside = [(a, z) for a, z in observed if a < base or z > base + pool_nbytes]
             if outside:
                 add(name, b, "descriptors", _show(expected, base), f"{intervals.total(outside)} bytes outside the pool",
-                    f"descriptors leave the registered pool ({pool.numel()} bytes at data_ptr of the shared storage): "
+                    f"descriptors leave the registered pool ({pool_nbytes} bytes at data_ptr of the shared storage): "
                     "addresses must be tensor.data_ptr() + offsets inside the view")
                 continue
             missing = intervals.subtract(expected, observed)
@@ -501,9 +616,23 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport)
                     if obs != exp:
                         add(name, b, "heads", f"heads [{h0}, {h1}): " + _show(exp, base), _show(obs, base),
                             _diagnose_heads(f, derivation.layout.name, b, h0, h1, exp, obs))
-    status = "fail" if divs else "pass"
-    detail = f"layout {derivation.layout.name}, kernel blocks {derivation.kernel_block_sizes}, {checked} (layer, block) checked"
-    return finish(status, detail, checked)
+    trip = check_round_trip(adapter, derivation, caches, *_round_trip_blocks(derivation.num_blocks), adapter_errors=ADAPTER_ERRORS)
+    for finding in trip.findings:
+        divs.append(Divergence(case.name, runner, finding.layer, trip.dst_block, f"round_trip:{finding.kind}",
+                               f"block {trip.dst_block} holds block {trip.src_block}'s bytes, nothing else changes",
+                               finding.message, f"round trip {trip.src_block} -> {trip.dst_block}: {finding.message}"))
+    status = "failure" if divs else "pass"
+    detail = (f"layout {derivation.layout.name}, kernel blocks {derivation.kernel_block_sizes}, {checked} (layer, block) checked; "
+              f"round trip {trip.status}" + (f" ({trip.detail})" if trip.status in ("skipped", "not_applicable") else ""))
+    return finish(status, detail, checked, trip.status if trip.status in ("pass", "fail") else f"{trip.status}: {trip.detail}")
+
+
+def _round_trip_blocks(num_blocks: int) -> tuple[int, int]:
+    """Source and destination of the round trip: away from block 0 (where an offset lost
+    to a wrong stride hides) and apart, so neighbours are exercised on both sides."""
+    if num_blocks >= 4:
+        return 1, num_blocks - 2
+    return (0, 1) if num_blocks >= 2 else (0, 0)
 
 
 def _cases(cases: Iterable[Any] | None):
@@ -522,20 +651,26 @@ def validate_registration(
     connector: ConnectorLike,
     cases: Iterable[Any] | None = None,
     runners: Sequence[str] = ("mrv1", "mrv2"),
+    *,
+    tensors: str = "vllm",
 ) -> ConnectorReport:
     """Check a connector adapter against the reference on every case (named cases by default).
 
     ``connector``: an adapter instance, a factory/class called with a ``RegistrationContext``
-    per case, or ``"package.module:Name"``. ``cases``: names or ``CaseConfig``s. Runners whose
-    registered tensors are identical to an earlier runner's are checked once.
+    per case, or ``"package.module:Name"``. ``cases``: names or ``CaseConfig``s.
+    ``tensors``: ``vllm`` (each runner's own registration; needs vLLM) or ``reference`` (the
+    reference's views; runners whose views are identical to an earlier runner's are then
+    checked once).
     """
+    if tensors not in TENSOR_SOURCES:
+        raise ValueError(f"tensors={tensors!r}: expected one of {', '.join(TENSOR_SOURCES)}")
     from reference.derive import derive
     from reference.errors import NotModeledError, StartupError
 
     label = _label(connector)
     if isinstance(connector, str):
         connector = load_connector(connector)
-    driver = getattr(connector, "requires_vllm_driver", None)
+    driver = getattr(connector, "requires_vllm_driver", None) or ("layout" if tensors == "vllm" else None)
     if driver is not None:
         # A built-in adapter drives vLLM's own connector: on a vLLM without the API it
         # uses, nothing can be checked (NotDrivable: exit 5), and the connector is not blamed.
@@ -554,11 +689,12 @@ def validate_registration(
             except NotModeledError as exc:
                 report.results.append(CaseResult(case.name, runner, "skipped", f"not modeled: {exc}"[:160]))
                 break
-            if d.registered in seen:
-                continue
-            seen.append(d.registered)
-            report.results.append(_check_case(connector, label, d, report))
+            if tensors == "reference":
+                if d.registered in seen:
+                    continue
+                seen.append(d.registered)
+            report.results.append(_check_case(connector, label, d, report, tensors))
     return report
 
 
-__all__ = ["CaseResult", "ConnectorReport", "Divergence", "build_kv_caches", "load_connector", "make_context", "validate_registration"]
+__all__ = ["STATUSES", "TENSOR_SOURCES", "CaseResult", "ConnectorReport", "Divergence", "build_kv_caches", "load_connector", "make_context", "validate_registration"]

@@ -32,9 +32,10 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from gpu_impl.vllm_cpu import shims
+from gpu_impl.vllm_cpu.registration import RegisteredKV
 
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
 
@@ -394,7 +395,15 @@ def _scheduler_block_sizes(vc, kv_cache_config) -> tuple[int, int, int]:
     return cache_block_size, scheduler, hashing
 
 
-def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: tuple = ()) -> None:
+class _Registration(NamedTuple):
+    """Where the pool is allocated, and who is handed the registered tensors."""
+
+    device: str = "meta"
+    on_registered: Callable[[RegisteredKV], None] | None = None
+
+
+def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: tuple = (),
+         registration: _Registration = _Registration()) -> None:
     """Fill ``result`` step by step (what succeeded stays there when a later step fails)."""
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from gpu_impl.vllm_cpu import planning_api as planning
@@ -460,7 +469,8 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             result["cache_block_size"], result["scheduler_block_size"], result["hash_block_size"] = sizes
         if instance is not None:
             try:
-                _initialize_through_runner(case, runner, instance, kv_cache_config, layers, result)
+                registered = _initialize_through_runner(case, runner, instance, kv_cache_config, layers, result,
+                                                        registration.device)
             except _RunnerNotDriven as exc:
                 # Said in the observation and the report; the shared functions still run.
                 result["fidelity"], result["fidelity_reason"] = "shared", str(exc)
@@ -469,8 +479,15 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             else:
                 if schedules:
                     _run_schedules(case, runner, instance, vc, kv_cache_config, layers, schedules, result)
+                if registration.on_registered is not None and registered is not None:
+                    registration.on_registered(RegisteredKV(vc, kv_cache_config, backends, result.get("kernel_block_sizes"),
+                                                            _in_case_order(case, registered)))
                 return
-        _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result)
+        registered = _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result,
+                                                          registration.device)
+        if registration.on_registered is not None:
+            registration.on_registered(RegisteredKV(vc, kv_cache_config, backends, result.get("kernel_block_sizes"),
+                                                    _in_case_order(case, registered)))
         if schedules:
             result["schedules_unsupported"] = (
                 f"block tables are read from the runner's own initialize_kv_cache, which was not driven: "
@@ -546,19 +563,26 @@ def _view(t) -> ViewObs:
     return ViewObs(tuple(t.shape), tuple(t.stride()), _dtype_name(t.dtype), t.storage_offset(), t.untyped_storage().nbytes())
 
 
-def _initialize_through_runner(case, runner, instance, kv_cache_config, layers, result) -> None:
-    """``initialize_kv_cache`` of the runner itself; observe the runner afterwards."""
+def _in_case_order(case, registered: dict[str, Any]) -> dict[str, Any]:
+    order = [layer.name for layer in case.layers]
+    return dict(sorted(registered.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)))
+
+
+def _initialize_through_runner(case, runner, instance, kv_cache_config, layers, result, device: str = "meta"):
+    """``initialize_kv_cache`` of the runner itself; observe the runner afterwards.
+    Returns what the runner registered (None: it registered nothing)."""
     from gpu_impl.vllm_cpu import runners
 
     with runners.recording_transfer_group() as recorder, runners.initialisation_environment(case):
         try:
-            instance.initialize_kv_cache(kv_cache_config, kv_cache_allocation_context=runners.allocation_on_meta())
+            instance.initialize_kv_cache(kv_cache_config, kv_cache_allocation_context=runners.allocation_on_meta(device))
         except VLLM_ERRORS as exc:
             _observe_runner_state(runner, instance, layers, recorder, result)
             raise _Failed(runners.failing_stage(exc, "initialize_kv_cache"), exc) from exc
         except Exception as exc:  # noqa: BLE001 - the stand-in lacks what this vLLM reads
             raise _RunnerNotDriven(f"{runner.upper()} initialize_kv_cache could not be driven: {_one_line(exc)}") from exc
     _observe_runner_state(runner, instance, layers, recorder, result)
+    return recorder.registered
 
 
 def _kernel_availability_assert(exc: AssertionError) -> bool:
@@ -621,7 +645,7 @@ def _bound_outside_registered(bound, registered) -> tuple[str, ...]:
     return tuple(sorted(bad))
 
 
-def _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result) -> None:
+def _initialize_through_shared_functions(kv_cache_config, layout, backends, layers, result, device: str = "meta"):
     """The fallback where a runner cannot be built: the shared ``v1/worker/utils.py``
     functions. No metadata builder is constructed here (the runner's own code does that),
     so builder block sizes and bound views are not observed (left None)."""
@@ -639,18 +663,25 @@ def _initialize_through_shared_functions(kv_cache_config, layout, backends, laye
         kernel_block_sizes = prepare_kernel_block_sizes(kv_cache_config, attn_groups)
     result["kernel_block_sizes"] = tuple(kernel_block_sizes)
     with _stage("allocate"):
-        kv_caches = allocate_kv_cache(kv_cache_config, torch.device("meta"), layout, kernel_block_sizes)
+        kv_caches = allocate_kv_cache(kv_cache_config, torch.device(device), layout, kernel_block_sizes)
     result["registered"] = {name: _view(t) for name, t in kv_caches.items()}
     result["builder_kernel_block_sizes"] = None
     result["bound_shapes"] = None
+    return kv_caches
 
 
 _MODULES_AT_FREEZE = [0]
 """``len(sys.modules)`` when ``shims.freeze_long_lived`` last ran."""
 
 
-def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()) -> Observation:
+def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=(), device: str = "meta",
+            on_registered: Callable[[RegisteredKV], None] | None = None) -> Observation:
     """Run vLLM's own layout pipeline for ``case``; never raises for vLLM refusals.
+
+    ``device="cpu"`` makes the runner allocate the KV pool in host memory, and
+    ``on_registered`` is called with what it registered (``RegisteredKV``) while the
+    case's vLLM config is current (a KV connector check runs there); what it raises
+    propagates.
 
     ``admission=True`` plans through the engine core's ``get_kv_cache_configs``
     (which also refuses a pool too small for one ``max_model_len`` request); the
@@ -669,9 +700,9 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()
             return Observation(case.name, runner, unsupported=f"generation-1 cases need a vLLM 0.19 to 0.28: {problem}", shims=applied)
         from gpu_impl.vllm_cpu import gen1
 
-        return gen1.observe(case, runner, applied)
+        return gen1.observe(case, runner, applied, device=device, on_registered=on_registered)
     try:
-        return _observe(case, runner, admission, applied, tuple(schedules))
+        return _observe(case, runner, admission, applied, tuple(schedules), _Registration(device, on_registered))
     finally:
         # Modules a case loads for the first time (a runner, a layer kind, a backend)
         # stay for good: keep them out of the cyclic collector's way from now on.
@@ -680,10 +711,11 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()
             _MODULES_AT_FREEZE[0] = len(sys.modules)
 
 
-def _observe(case, runner: str, admission: bool, applied: tuple[str, ...], schedules: tuple = ()) -> Observation:
+def _observe(case, runner: str, admission: bool, applied: tuple[str, ...], schedules: tuple = (),
+             registration: _Registration = _Registration()) -> Observation:
     partial: dict[str, Any] = {}
     try:
-        _run(case, runner, admission, partial, schedules)
+        _run(case, runner, admission, partial, schedules, registration)
     except _Unsupported as exc:
         return Observation(case.name, runner, unsupported=str(exc), shims=applied)
     except _Failed as failed:

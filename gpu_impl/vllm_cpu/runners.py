@@ -574,9 +574,10 @@ def initialisation_environment(case) -> Iterator[None]:
         yield
 
 
-def allocation_on_meta():
-    """The ``kv_cache_allocation_context`` both runners accept: the pool lands on ``meta``."""
-    return shims.cuda_on_meta(all_devices=True)
+def allocation_on_meta(device: str = "meta"):
+    """The ``kv_cache_allocation_context`` both runners accept: the pool lands on ``meta``
+    (``device="cpu"``: in host memory, for a connector to read and write)."""
+    return shims.cuda_on_meta(all_devices=True, target=device)
 
 
 __all__ = ["MAX_NUM_REQS", "MAX_NUM_TOKENS", "RunnerUnavailable", "build_layers", "draft_sub_configs"]

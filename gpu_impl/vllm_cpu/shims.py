@@ -275,7 +275,7 @@ def _patch_device_properties() -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _on_meta_mode(all_devices: bool):
+def _on_meta_mode(all_devices: bool, target: str = "meta"):
     """The TorchFunctionMode class (made once: importing this module must not import torch)."""
     from torch.overrides import TorchFunctionMode
 
@@ -284,7 +284,7 @@ def _on_meta_mode(all_devices: bool):
             kwargs = kwargs or {}
             device = kwargs.get("device")
             if device is not None and (all_devices or str(device).startswith("cuda")):
-                kwargs["device"] = "meta"
+                kwargs["device"] = target
                 kwargs.pop("pin_memory", None)
             return func(*args, **kwargs)
 
@@ -292,19 +292,21 @@ def _on_meta_mode(all_devices: bool):
 
 
 @contextlib.contextmanager
-def cuda_on_meta(*, all_devices: bool = False) -> Iterator[None]:
+def cuda_on_meta(*, all_devices: bool = False, target: str = "meta") -> Iterator[None]:
     """Tensors created for a CUDA device (or, with ``all_devices``, any device) land on ``meta``.
 
     Layers and metadata builders allocate scratch on the GPU at construction; the KV
     cache pool is allocated through the runners' ``kv_cache_allocation_context`` hook.
     Device memory is what the hardware provides: its contents are never read here.
+    ``target="cpu"`` puts them in host memory instead (a connector check reads and writes
+    the KV pool's bytes).
     """
     import torch
 
     real_index = torch.accelerator.current_device_index
     torch.accelerator.current_device_index = lambda: 0  # the virtual GPU is device 0
     try:
-        with _on_meta_mode(all_devices)():
+        with _on_meta_mode(all_devices, target)():
             yield
     finally:
         torch.accelerator.current_device_index = real_index

@@ -1,0 +1,159 @@
+"""vLLM 0.33.0's ``DecodeBenchConnector`` driven on CPU, as a connector adapter (fill only).
+
+DecodeBench moves no KV anywhere: it *writes* benchmark values into the blocks of each new
+request (``DecodeBenchConnectorWorker._fill_block_tensor``: ``kv_cache[block_ids] = values``,
+dim 0 taken as the block id, ids ``>= shape[0]`` silently dropped). So ``descriptors(layer, b)``
+are the pool bytes its fill for logical block ``b`` actually wrote in that layer, observed by
+diffing the pool around each per-layer fill call. There is no store or load, so this adapter
+has neither: the round trip (store b, load into b') does not apply to it (``fill_only``).
+
+What runs real, end to end for a request: the connector constructed twice, as the engine does
+(``DecodeBenchConnector(vllm_config, SCHEDULER | WORKER, kv_cache_config)``); the scheduler side's
+``get_num_new_matched_tokens``, ``update_state_after_alloc`` (which of the request's blocks of
+each group to fill) and ``build_connector_meta``; the worker side's ``register_kv_caches``,
+``bind_connector_metadata`` and ``start_load_kv`` -> ``start_fill_kv`` -> ``_fill_blocks`` ->
+``_fill_block_tensor`` with the connector's default fill values.
+
+What is faked: nothing the fill touches (it is plain torch indexing on the registered
+tensors). The request is a stand-in with ``request_id`` and ``num_tokens`` (one block more one
+token of the smallest group block size, so the scheduler selects exactly one block per group),
+and its allocated blocks are ``KVCacheBlock(b)`` in every group. To see every written byte,
+including bytes written with the value they already held, the fill runs twice, over a pool of
+``0x00`` and then of ``0xff`` bytes (a constant fill cannot equal both); the pool is restored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+from typing import Any, Iterator, Mapping
+from unittest import mock
+
+from conformance.connectors.protocol import Ranges, RegistrationContext
+from gpu_impl.connectors import Undrivable
+
+_BACKGROUNDS = (0, -1)
+"""Pool bytes the fill runs over (int8 ``0x00`` and ``0xff``)."""
+
+
+def _runs(mask) -> list[tuple[int, int]]:
+    """``(start, end)`` runs of True in a flat bool tensor."""
+    import torch
+
+    idx = torch.nonzero(mask).flatten()
+    if idx.numel() == 0:
+        return []
+    breaks = torch.nonzero(idx[1:] != idx[:-1] + 1).flatten()
+    starts = torch.cat([idx[:1], idx[breaks + 1]]).tolist()
+    ends = torch.cat([idx[breaks], idx[-1:]]).add(1).tolist()
+    return list(zip(starts, ends))
+
+
+class DecodeBenchAdapter:
+    """``validate_registration`` adapter around the real DecodeBench scheduler and worker."""
+
+    connector = "DecodeBenchConnector"
+    vllm_module = "vllm.distributed.kv_transfer.kv_connector.v1.decode_bench_connector"
+
+    fill_only = True
+    """The connector only writes benchmark values into blocks: no store or load to round-trip."""
+
+    def __init__(self, ctx: RegistrationContext) -> None:
+        self.ctx = ctx
+        self.scheduler: Any = None
+        self.worker: Any = None
+        self.caches: dict[str, Any] = {}
+        self._pool: Any = None
+        self._written: dict[int, dict[str, list[tuple[int, int]]]] = {}
+        self._requests = 0
+
+    @contextlib.contextmanager
+    def _config(self) -> Iterator[tuple[Any, Any]]:
+        """The case's VllmConfig and KVCacheConfig, with this connector as the transfer config."""
+        from vllm.config import KVTransferConfig
+
+        from gpu_impl.connectors.nixl import _plan
+
+        with contextlib.ExitStack() as stack:
+            if self.ctx.vllm is not None:
+                vc, kcc = self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config
+            else:
+                plan, vc, kcc, *_ = _plan(self.ctx.case, self.ctx.runner)
+                stack.enter_context(plan)
+            saved = vc.kv_transfer_config
+            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=self.connector, kv_role="kv_both"))
+            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
+            yield vc, kcc
+
+    def register(self, kv_caches: Mapping[str, Any]) -> None:
+        import torch
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.distributed.kv_transfer.kv_connector.v1.decode_bench_connector import DecodeBenchConnector
+
+        self.caches = dict(kv_caches)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in self.caches.values()}
+        if len(storages) != 1:
+            raise Undrivable(f"the fill is observed on one shared pool; these tensors use {len(storages)} storages")
+        self._pool = torch.empty(0, dtype=torch.int8).set_(next(iter(storages.values())))
+        with self._config() as (vc, kcc):
+            self.scheduler = DecodeBenchConnector(vc, KVConnectorRole.SCHEDULER, kcc)
+            self.worker = DecodeBenchConnector(vc, KVConnectorRole.WORKER, kcc)
+            self.worker.register_kv_caches(self.caches)
+        self._written.clear()
+
+    # --- one request's fill -----------------------------------------------------------------------
+
+    def _request_meta(self, block_id: int) -> Any:
+        """The scheduler side's metadata for a new request holding block ``block_id`` in every group."""
+        from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+        sched = self.scheduler.connector_scheduler
+        self._requests += 1
+        request = SimpleNamespace(request_id=f"kvconform-{self._requests}", num_tokens=min(sched.group_block_sizes) + 1)
+        n_tokens, _ = self.scheduler.get_num_new_matched_tokens(request, 0)
+        blocks = SimpleNamespace(blocks=tuple([KVCacheBlock(block_id)] for _ in sched.kv_cache_groups))
+        self.scheduler.update_state_after_alloc(request, blocks, n_tokens)
+        meta = self.scheduler.build_connector_meta(None)
+        self.scheduler.request_finished(request, [block_id])
+        return meta
+
+    def _fill(self, block_id: int) -> dict[str, list[tuple[int, int]]]:
+        """Pool byte runs (offsets) each layer's fill call wrote for logical block ``block_id``."""
+        import torch
+
+        worker = self.worker.connector_worker
+        pool = self._pool
+        names: dict[int, list[str]] = {}
+        for name, t in self.caches.items():
+            names.setdefault(id(t), []).append(name)
+        masks = {name: torch.zeros(pool.numel(), dtype=torch.bool) for name in self.caches}
+        fill = worker._fill_block_tensor
+
+        def observed(kv_cache, *args: Any, **kwargs: Any) -> None:
+            before = pool.clone()
+            fill(kv_cache, *args, **kwargs)
+            changed = pool != before
+            for name in names.get(id(kv_cache), ()):
+                masks[name] |= changed
+
+        meta = self._request_meta(block_id)
+        original = pool.clone()
+        try:
+            with mock.patch.object(worker, "_fill_block_tensor", observed):
+                for background in _BACKGROUNDS:
+                    pool.fill_(background)
+                    self.worker.bind_connector_metadata(meta)
+                    self.worker.start_load_kv(None)
+                    self.worker.clear_connector_metadata()
+        finally:
+            pool.copy_(original)
+        return {name: _runs(mask) for name, mask in masks.items()}
+
+    def descriptors(self, layer: str, block_id: int) -> Ranges:
+        if block_id not in self._written:
+            self._written[block_id] = self._fill(block_id)
+        base = self._pool.data_ptr()
+        return [(base + a, z - a) for a, z in self._written[block_id][layer]]
+
+
+__all__ = ["DecodeBenchAdapter"]
