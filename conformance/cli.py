@@ -116,6 +116,16 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _installed_vllm() -> str | None:
+    """The installed vLLM's version, from its metadata (no import); None when absent."""
+    import importlib.metadata as md
+
+    try:
+        return md.version("vllm")
+    except md.PackageNotFoundError:
+        return None
+
+
 def _installed_generation1() -> str | None:
     """The installed vLLM's version when it predates generation 2 (from its metadata:
     no import), else None."""
@@ -476,31 +486,63 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    """A connector adapter's registration against the reference (conformance.connectors)."""
+    """Connector adapters against the reference (conformance.connectors): one (--connector)
+    or every built-in one (--all), on the tensors each runner registers."""
     import importlib.util
+    import time
 
-    _check_writable(args.json)
+    for target, flag in ((args.json, "--json"), (args.markdown, "--markdown"), (args.html, "--html")):
+        _check_writable(target, flag)
+    if (args.connector is None) == (not args.all):
+        raise UsageError("check: give exactly one of --connector MODULE:NAME or --all")
     if importlib.util.find_spec("torch") is None:
         raise NothingRan("`kvconform check` builds real CPU tensors for the connector and needs torch (CPU is enough)")
     from conformance.connectors.validate import load_connector, validate_registration
+    from gpu_impl.connectors import BUILT_IN, NOT_DRIVEN
 
-    try:
-        load_connector(args.connector)
-    except (ValueError, ImportError, AttributeError) as exc:
-        raise UsageError(f"--connector {args.connector!r}: {exc}") from None
-    except (Exception, SystemExit) as exc:  # the adapter's module itself fails on import
-        detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        raise UsageError(f"--connector {args.connector!r}: importing it raised {detail}") from None
+    if args.all:
+        adapters = dict(BUILT_IN)
+    else:
+        try:
+            load_connector(args.connector)
+        except (ValueError, ImportError, AttributeError) as exc:
+            raise UsageError(f"--connector {args.connector!r}: {exc}") from None
+        except (Exception, SystemExit) as exc:  # the adapter's module itself fails on import
+            detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            raise UsageError(f"--connector {args.connector!r}: importing it raised {detail}") from None
+        adapters = {next((n for n, a in BUILT_IN.items() if a == args.connector), args.connector): args.connector}
     cases = _select_cases(args.case)
     if any(c.generation == 1 for c in cases):
+        if args.all:
+            raise UsageError("--all: generation-1 cases are checked with --connector gpu_impl.connectors.mooncake:MooncakeAdapter")
         return _check_generation1(args, cases)
-    report = validate_registration(args.connector, cases=cases, runners=tuple(args.runner or ("mrv1", "mrv2")))
-    if args.json != "-":
-        print(report.format())
-    _write_json(report.to_dict(), args.json)
-    if not any(r.status != "skipped" for r in report.results):
+    runners = tuple(args.runner or ("mrv1", "mrv2"))
+    started = time.monotonic()
+    reports, not_driven = [], dict(NOT_DRIVEN) if args.all else {}
+    for name, adapter in adapters.items():
+        if args.all:
+            try:
+                load_connector(adapter)
+            except (Exception, SystemExit) as exc:  # a built-in adapter this vLLM cannot import
+                not_driven[name] = f"the adapter {adapter} does not import here: {type(exc).__name__}: {exc}".splitlines()[0]
+                continue
+        report = validate_registration(adapter, cases=cases, runners=runners)
+        reports.append(report)
+        if args.json != "-":
+            print(report.format())
+    from conformance.connectors.report import connector_report, to_html, to_markdown
+    from conformance.report_formats import write_report_text
+
+    doc = connector_report(reports, vllm_version=_installed_vllm(), not_driven=not_driven,
+                           names={a: n for n, a in adapters.items()}, duration_s=round(time.monotonic() - started, 1))
+    _write_json(doc, args.json)
+    if args.markdown:
+        write_report_text(args.markdown, to_markdown(doc))
+    if args.html:
+        write_report_text(args.html, to_html(doc))
+    if not any(r.status in ("pass", "refusal", "failure") for report in reports for r in report.results):
         return EXIT_NOTHING_RAN
-    return EXIT_OK if report.ok else EXIT_DIVERGENCE
+    return EXIT_OK if all(report.ok for report in reports) else EXIT_DIVERGENCE
 
 
 def _check_generation1(args: argparse.Namespace, cases: Sequence[Any]) -> int:
@@ -605,11 +647,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge every release without the shipped expectations: known upstream bugs count as unexpected")
     p.set_defaults(func=_cmd_matrix)
 
-    p = sub.add_parser("check", help="a KV connector adapter's registration against the reference")
-    p.add_argument("--connector", required=True, metavar="MODULE:NAME", help="adapter class/factory, e.g. mypkg.adapters:MyAdapter")
+    p = sub.add_parser("check", help="KV connector adapters (one, or every built-in one) against the reference")
+    p.add_argument("--connector", metavar="MODULE:NAME", help="adapter class/factory, e.g. mypkg.adapters:MyAdapter")
+    p.add_argument("--all", action="store_true", help="every built-in adapter (gpu_impl/connectors), one report")
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
     p.add_argument("--runner", action="append", choices=("mrv1", "mrv2"), help="runner(s) to derive for (default: both)")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    p.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
     p.add_argument("--no-expectations", action="store_true",
                    help="generation-1 Mooncake check: count failures the shipped expectations cite as unexpected")
     p.set_defaults(func=_cmd_check)

@@ -25,6 +25,7 @@ including bytes written with the value they already held, the fill runs twice, o
 from __future__ import annotations
 
 import contextlib
+import functools
 from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 from unittest import mock
@@ -129,19 +130,20 @@ class DecodeBenchAdapter:
         masks = {name: torch.zeros(pool.numel(), dtype=torch.bool) for name in self.caches}
         fill = worker._fill_block_tensor
 
-        def observed(kv_cache, *args: Any, **kwargs: Any) -> None:
-            before = pool.clone()
+        def observed(background: int, kv_cache, *args: Any, **kwargs: Any) -> None:
+            # Each layer's call over a fresh background: aliased layers (HMA groups from
+            # byte 0) must not hide bytes an earlier layer's call wrote with the same value.
+            pool.fill_(background)
             fill(kv_cache, *args, **kwargs)
-            changed = pool != before
+            changed = pool != background
             for name in names.get(id(kv_cache), ()):
                 masks[name] |= changed
 
         meta = self._request_meta(block_id)
         original = pool.clone()
         try:
-            with mock.patch.object(worker, "_fill_block_tensor", observed):
-                for background in _BACKGROUNDS:
-                    pool.fill_(background)
+            for background in _BACKGROUNDS:
+                with mock.patch.object(worker, "_fill_block_tensor", functools.partial(observed, background)):
                     self.worker.bind_connector_metadata(meta)
                     self.worker.start_load_kv(None)
                     self.worker.clear_connector_metadata()

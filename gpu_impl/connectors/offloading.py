@@ -240,6 +240,8 @@ class OffloadingAdapter:
             object.__setattr__(vc, "kv_transfer_config", transfer)
             stack.callback(setattr, vc.cache_config, "kv_cache_layout", vc.cache_config.kv_cache_layout)
             layout = _layout_with_connector(vc, kcc, backends)
+            # The connector asks the config which runner runs (use_v2_model_runner reads the env).
+            stack.enter_context(mock.patch.dict("os.environ", {"VLLM_USE_V2_MODEL_RUNNER": str(int(self.ctx.runner == "mrv2"))}))
             # The TP world is faked to one rank: this rank's heads are all the heads.
             stack.enter_context(mock.patch.object(vc.model_config, "get_total_num_kv_heads",
                                                   vc.model_config.get_num_kv_heads, create=True))
