@@ -15,8 +15,8 @@
 # wheel and the lmcache wheel without their dependency trees, and only the packages the
 # modules below import (then whatever a fresh import still reports missing, one at a
 # time). LMCache's compiled CUDA ops (lmcache.cuda_ops) do not load without CUDA; the
-# adapter runs LMCache's torch (CPU) paths instead. About 1.2 GB and ~3 min the first time
-# (less when hardlink can share files with the release venvs); later runs only check a stamp.
+# adapter runs LMCache's torch (CPU) paths instead. First run: ~6 min and ~3.3 GB (2.3 GB
+# beside the release venvs, whose identical files hardlink shares); later runs check a stamp.
 #
 # KVCONFORM_LMCACHE_VENV  where the venv lives (default: ~/.cache/kvconform/venv-lmcache-0.5.6)
 # KVCONFORM_PYTHON        the interpreter that creates it (default: python3)

@@ -232,6 +232,33 @@ def _build() -> dict[str, CaseConfig]:
         CaseConfig("b12x-two-slots", _qwen3_like(backend="B12X"), block_size=64, num_blocks=4, model_dtype="bfloat16"),
         CaseConfig("cpu-attn-b32", _qwen3_like(backend="CPU_ATTN"), block_size=32, num_blocks=4),
         CaseConfig("nixl-dense-fa", _qwen3_like(), block_size=16, num_blocks=8, connector="nixl"),
+        # Where connectors break (issue 13): every built-in connector runs over these too.
+        CaseConfig("fp8-fa-b16-lhbnc", _qwen3_like(cache_dtype="fp8"), block_size=16, num_blocks=8, layout="LHBNC",
+                   note="fp8 (1-byte) pages under the head-outermost layout: per-head segments of one byte per element."),
+        CaseConfig("fp8-fa-b16-bhlnc", _qwen3_like(cache_dtype="fp8"), block_size=16, num_blocks=8, layout="BHLNC",
+                   note="fp8 pages block-outermost with heads outer to layers: a layer's block is per-head runs inside a row."),
+        CaseConfig(
+            "swa-hybrid-blhnc",
+            _tiny(2) + _tiny(2, num_kv_heads=3, kind="sliding_window", sliding_window=64, start=2),
+            block_size=32,
+            num_blocks=8,
+            layout="BLHNC",
+            note="Padded full-attention and sliding-window pages, block-outermost: one row per block holds both groups.",
+        ),
+        CaseConfig(
+            "mamba-hybrid-blhnc",
+            _attention_and_mamba(num_kv_heads=2, mamba_layers=2, mamba_shapes=((2, 64), (4, 32, 16))),
+            block_size=16,
+            num_blocks=16,
+            layout="BLHNC",
+            note="Attention and padded Mamba state block-outermost: a block's row interleaves attention pages and state.",
+        ),
+        CaseConfig("flashinfer-b128-k64-one-layer", _qwen3_like(1, backend="FLASHINFER"), block_size=128, num_blocks=4,
+                   note="A single FlashInfer layer at block 128 split into 64-token kernel blocks: the one-region kernel split."),
+        CaseConfig("rocm-attn-b16", _qwen3_like(backend="ROCM_ATTN"), block_size=16, num_blocks=8,
+                   note="ROCM_ATTN's default layout: K and V in two head slots, every head of a token in the last dim."),
+        CaseConfig("rocm-aiter-fa-b16", _qwen3_like(backend="ROCM_AITER_FA"), block_size=16, num_blocks=8,
+                   note="ROCM_AITER_FA prefers the head-major LBHNC layout (get_required_kv_cache_layout), K then V in the last dim."),
         CaseConfig(
             "gqa+draft-attention-backend-b128",
             _qwen3_like(backend="TRITON_ATTN")

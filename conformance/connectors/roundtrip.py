@@ -134,13 +134,30 @@ def _show(runs: list[tuple[int, int]]) -> str:
     return parts + (f" +{len(runs) - _SHOW} more" if len(runs) > _SHOW else "")
 
 
+MAX_DESCRIPTORS = 1 << 16
+"""Descriptors one ``descriptors`` call may return (as ``validate.MAX_DESCRIPTORS``)."""
+
+
+def _descriptors(adapter, layer: str, block: int) -> list[tuple[int, int]]:
+    """``adapter.descriptors``, bounded (an endless iterator is a connector bug, not a hang)."""
+    out = []
+    for index, item in enumerate(adapter.descriptors(layer, block) or ()):
+        if index >= MAX_DESCRIPTORS:
+            raise TypeError(f"descriptors({layer!r}, {block}) returned more than {MAX_DESCRIPTORS} ranges")
+        addr, length = item
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (addr, length)):
+            raise TypeError(f"descriptors({layer!r}, {block}) returned {item!r}; expected (address, length) non-negative integers")
+        out.append((addr, length))
+    return out
+
+
 def _default_store(adapter, layers, src: int, engine: CopyEngine):
     saved = []
     for name in layers:
-        for addr, length in adapter.descriptors(name, src) or ():
-            buf = engine.host_buffer(int(length))
-            engine.copy(int(addr), buf.data_ptr(), int(length))
-            saved.append((name, int(length), buf))
+        for addr, length in _descriptors(adapter, name, src):
+            buf = engine.host_buffer(length)
+            engine.copy(addr, buf.data_ptr(), length)
+            saved.append((name, length, buf))
     return saved
 
 
@@ -150,7 +167,7 @@ def _default_load(adapter, layers, saved, dst: int, engine: CopyEngine) -> list[
     for name, length, buf in saved:
         by_layer.setdefault(name, []).append((length, buf))
     for name in layers:
-        targets = [(int(a), int(n)) for a, n in adapter.descriptors(name, dst) or ()]
+        targets = _descriptors(adapter, name, dst)
         sources = by_layer.get(name, [])
         if [n for _, n in targets] != [n for n, _ in sources]:
             findings.append(Finding("descriptor_mismatch", name, 0,

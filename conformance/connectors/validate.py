@@ -467,6 +467,10 @@ def _judge(connector: Any, label: str, derivation, caches: Mapping[str, Any], ct
         return finish("unsupported", f"cannot be driven here: {exc}"[:300])
     except ADAPTER_ERRORS as exc:  # even sys.exit: reported, never ending the check
         who, where = _raised_in(exc)
+        if not isinstance(exc, Exception):  # sys.exit / KeyboardInterrupt: no error a user could act on
+            add("*", None, "register", "register_kv_caches succeeds or raises an error", f"{type(exc).__name__}: {exc}",
+                f"register raised {type(exc).__name__}: {exc} at {where}")
+            return finish("failure", f"register raised {type(exc).__name__}")
         if who == "kvconform" and label.startswith("gpu_impl.connectors."):
             # The built-in adapter itself failed (a changed connector API): not the connector's verdict.
             return finish("unsupported", f"the adapter could not drive the connector: {_one_line(exc)} at {where}"[:300])
@@ -562,6 +566,9 @@ def _judge(connector: Any, label: str, derivation, caches: Mapping[str, Any], ct
 
     checked = 0
     kv = hasattr(adapter, "kv_descriptors")
+    moved = getattr(adapter, "transferred_layers", None)
+    if moved is not None:  # by design the connector moves only some layers (e.g. only offloaded groups)
+        facts = {n: f for n, f in facts.items() if n in moved}
     for name, f in facts.items():
         for b in range(derivation.num_blocks):
             checked += 1
@@ -678,7 +685,12 @@ def validate_registration(
 
         require(driver)
     report = ConnectorReport(label)
+    # A connector that asks vLLM for a layout (get_required_kvcache_layout) is checked on
+    # the case as vLLM runs it with that connector configured (a forced layout still wins).
+    configured = getattr(connector, "case_connector", None)
     for case in _cases(cases):
+        if configured is not None and case.connector != configured:
+            case = case.with_(connector=configured)
         seen: list[Mapping[str, Any]] = []
         for runner in runners:
             try:

@@ -15,11 +15,16 @@ each group to fill) and ``build_connector_meta``; the worker side's ``register_k
 ``_fill_block_tensor`` with the connector's default fill values.
 
 What is faked: nothing the fill touches (it is plain torch indexing on the registered
-tensors). The request is a stand-in with ``request_id`` and ``num_tokens`` (one block more one
-token of the smallest group block size, so the scheduler selects exactly one block per group),
-and its allocated blocks are ``KVCacheBlock(b)`` in every group. To see every written byte,
-including bytes written with the value they already held, the fill runs twice, over a pool of
-``0x00`` and then of ``0xff`` bytes (a constant fill cannot equal both); the pool is restored.
+tensors). The request is a stand-in with ``request_id`` and ``num_tokens`` (the smallest group
+block size plus one token, so the scheduler selects exactly one block per group), and its
+allocated blocks are ``KVCacheBlock(b)`` in every group. To see every written byte, including
+bytes written with the value they already held, the fill runs twice, each layer's call over
+``0x00`` and then over ``0xff`` bytes (a constant fill cannot equal both); the pool is restored.
+
+Under a kernel split (``LB*`` layouts whose backend takes smaller blocks than the scheduler's,
+e.g. FlashInfer off SM100 with ``--block-size 128``) the registered view is kernel-granular,
+``[num_blocks * r, H, kbs, C]``, and the fill for logical block ``b`` writes kernel block ``b``:
+a fraction ``1/r`` of the wrong block (research note hazard H2, reproduced here).
 """
 
 from __future__ import annotations
@@ -38,16 +43,23 @@ _BACKGROUNDS = (0, -1)
 
 
 def _runs(mask) -> list[tuple[int, int]]:
-    """``(start, end)`` runs of True in a flat bool tensor."""
-    import torch
+    """``(start, end)`` runs of True in a flat bool array."""
+    import numpy as np
 
-    idx = torch.nonzero(mask).flatten()
-    if idx.numel() == 0:
+    idx = np.flatnonzero(mask)
+    if idx.size == 0:
         return []
-    breaks = torch.nonzero(idx[1:] != idx[:-1] + 1).flatten()
-    starts = torch.cat([idx[:1], idx[breaks + 1]]).tolist()
-    ends = torch.cat([idx[breaks], idx[-1:]]).add(1).tolist()
+    breaks = np.flatnonzero(idx[1:] != idx[:-1] + 1)
+    starts = np.concatenate([idx[:1], idx[breaks + 1]]).tolist()
+    ends = (np.concatenate([idx[breaks], idx[-1:]]) + 1).tolist()
     return list(zip(starts, ends))
+
+
+def _extent(t: Any, base: int) -> tuple[int, int]:
+    """Pool offsets ``[first, last + 1)`` of the bytes a tensor view can address."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    start = t.data_ptr() - base
+    return start, start + (last + 1) * t.element_size()
 
 
 class DecodeBenchAdapter:
@@ -120,27 +132,34 @@ class DecodeBenchAdapter:
 
     def _fill(self, block_id: int) -> dict[str, list[tuple[int, int]]]:
         """Pool byte runs (offsets) each layer's fill call wrote for logical block ``block_id``."""
-        import torch
+        import numpy as np
 
         worker = self.worker.connector_worker
-        pool = self._pool
+        # Observed in numpy over the pool's own memory (single-threaded: far cheaper than
+        # torch's small ops on a busy machine); the fill itself is the connector's torch code.
+        pool = self._pool.numpy()
+        # A fill call indexes one registered view, so it can only write inside that view's
+        # byte extent: each call is diffed there (much less than the pool for most layouts).
+        window: dict[int, tuple[int, int]] = {}
         names: dict[int, list[str]] = {}
         for name, t in self.caches.items():
+            window[id(t)] = _extent(t, self._pool.data_ptr())
             names.setdefault(id(t), []).append(name)
-        masks = {name: torch.zeros(pool.numel(), dtype=torch.bool) for name in self.caches}
+        masks = {name: np.zeros(window[id(t)][1] - window[id(t)][0], dtype=bool) for name, t in self.caches.items()}
         fill = worker._fill_block_tensor
 
         def observed(background: int, kv_cache, *args: Any, **kwargs: Any) -> None:
-            # Each layer's call over a fresh background: aliased layers (HMA groups from
-            # byte 0) must not hide bytes an earlier layer's call wrote with the same value.
-            pool.fill_(background)
+            a, z = window[id(kv_cache)]
+            # A fresh background for each call: aliased layers (HMA groups from byte 0)
+            # must not hide bytes an earlier layer's call wrote with the same value.
+            pool[a:z] = background
             fill(kv_cache, *args, **kwargs)
-            changed = pool != background
-            for name in names.get(id(kv_cache), ()):
+            changed = pool[a:z] != background
+            for name in names[id(kv_cache)]:
                 masks[name] |= changed
 
         meta = self._request_meta(block_id)
-        original = pool.clone()
+        original = pool.copy()
         try:
             for background in _BACKGROUNDS:
                 with mock.patch.object(worker, "_fill_block_tensor", functools.partial(observed, background)):
@@ -148,8 +167,12 @@ class DecodeBenchAdapter:
                     self.worker.start_load_kv(None)
                     self.worker.clear_connector_metadata()
         finally:
-            pool.copy_(original)
-        return {name: _runs(mask) for name, mask in masks.items()}
+            pool[:] = original
+        out: dict[str, list[tuple[int, int]]] = {}
+        for name, mask in masks.items():
+            start = window[id(self.caches[name])][0]
+            out[name] = [(start + a, start + z) for a, z in _runs(mask)]
+        return out
 
     def descriptors(self, layer: str, block_id: int) -> Ranges:
         if block_id not in self._written:

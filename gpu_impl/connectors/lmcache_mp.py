@@ -3,64 +3,84 @@ connector adapter.
 
 What the connector is
     ``vllm/distributed/kv_transfer/kv_connector/v1/lmcache_mp_connector.py`` ends with
-    ``LMCacheMPConnector = _resolve_lmcache_mp_connector()``: when the ``lmcache`` package
-    is installed the class IS LMCache's own ``lmcache.integration.vllm.lmcache_mp_connector
+    ``LMCacheMPConnector = _resolve_lmcache_mp_connector()``: with the ``lmcache`` package
+    installed the class IS LMCache's ``lmcache.integration.vllm.lmcache_mp_connector
     .LMCacheMPConnector``; vLLM's in-tree ``LMCacheMPConnectorUpstream`` is used only with
     ``LMCACHE_USE_UPSTREAM_MP`` set or an lmcache without that module. Both import lmcache
-    at module level, so without lmcache nothing of the connector imports at all.
+    at module level: without lmcache nothing of the connector imports.
 
     vLLM's in-tree side (``LMCacheMPConnectorUpstream.register_kv_caches`` ->
-    ``lmcache_integration/multi_process_adapter.py:414``) sends, read off the source:
+    ``lmcache_integration/multi_process_adapter.py:414``), read off the source, sends
     ``REGISTER_KV_CACHE [instance_id (the pid), [CudaIPCWrapper(t) for t in
     kv_caches.values()]]`` -- the tensors in dict order, no layer names, no group or
-    layout metadata; ``STORE``/``RETRIEVE [keys, instance_id, block_ids, event IPC
-    handle]`` with the LOGICAL vLLM block ids of the request (``allocated_block_ids``
-    sliced at chunk boundaries, ``LMCacheMPRequestMetadata.GetStoreMetadata``) and one
-    token-range key per request; the chunk size comes from the server (``GET_CHUNK_SIZE``)
-    and must be a multiple of ``cache_config.block_size``. Every byte the in-tree side
-    moves is therefore decided by the LMCache server from the tensors' own shapes and
-    strides: vLLM's code alone answers no ``descriptors``.
+    layout metadata -- and ``STORE``/``RETRIEVE [keys, instance_id, block_ids, event IPC
+    handle]`` with the request's LOGICAL vLLM block ids (``allocated_block_ids`` sliced at
+    chunk boundaries, ``LMCacheMPRequestMetadata.GetStoreMetadata``) and one token-range
+    key per request; the chunk size comes from the server (``GET_CHUNK_SIZE``) and must be
+    a multiple of ``cache_config.block_size``. Every byte it moves is decided by the
+    LMCache server from the tensors' own shapes and strides: vLLM's code alone answers no
+    ``descriptors``. (That in-tree pair is also out of step with itself in 0.33.0:
+    ``create_worker_adapter`` passes ``mq_timeout``/``heartbeat_interval`` and the worker
+    passes ``cache_salts`` to an in-tree ``LMCacheMPWorkerAdapter`` that takes neither; with
+    lmcache 0.5.6 that adapter does not import at all: ``lmcache.v1.multiprocess.mq`` /
+    ``.protocol`` and ``custom_types.CudaIPCWrapper`` are gone.)
 
-What runs here (only inside the venv of ``scripts/lmcache_env.sh``, where lmcache 0.5.6 is
-installed; elsewhere ``register`` raises ``Undrivable``)
-    Real: the connector class vLLM resolves, constructed for both roles with its own
-    constructor (geometry checks, parallel strategy, adapters); the worker's
-    ``register_kv_caches`` (``apply_kv_cache_group_edits``,
-    ``create_engine_group_infos_from_vllm``, ``LMCacheMPWorkerAdapter.register_kv_caches``
-    -> ``create_transfer_context`` for the tensors' device -> LMCache's KV-format
-    detection ``normalize_kv_and_discover_format`` / ``compute_kv_layout``); the scheduler's
-    request planning (``get_num_new_matched_tokens``, ``update_state_after_alloc``,
-    ``build_connector_meta``: which logical block ids form which chunk); the worker's
-    ``wait_for_save`` / ``start_load_kv`` and LMCache's worker-side copy path for CPU
-    tensors (``EngineDrivenTransferContext``: ``gather_paged_kv_to_cpu`` /
-    ``scatter_cpu_to_paged_kv`` with the torch device ops, moving bytes by torch ops on
-    the registered tensors).
+What runs here (only in the venv of ``scripts/lmcache_env.sh``, which has lmcache 0.5.6;
+elsewhere ``register`` raises ``Undrivable``)
+    Real, worker and scheduler: the connector class vLLM resolves, built for both roles by
+    its own constructor; ``register_kv_caches`` (``apply_kv_cache_group_edits``,
+    ``create_engine_group_infos_from_vllm``, ``LMCacheMPWorkerAdapter.register_kv_caches``,
+    the transfer context for the tensors' device); the scheduler's request planning
+    (``get_num_new_matched_tokens``, ``update_state_after_alloc``, ``build_connector_meta``:
+    which logical block ids form which chunk); ``wait_for_save`` / ``start_load_kv``.
 
-    Faked: the LMCache server behind LMCache's ``RequestClient`` (the ZMQ transport and
-    the server's storage): ``RecordingLMCacheServer`` answers the RPCs, records every
-    request, keeps committed chunks by their token prefix and serves them back on lookup
-    / retrieve; the heartbeat thread that pings it is not started. The server's chunk
-    size is the case's logical block size, so one logical block is one LMCache chunk.
+    Real, server: LMCache's own multi-process server, in this process --
+    ``MPCacheServerContext`` (storage manager with a CPU L1 pool, token hasher, sessions)
+    and the modules ``lmcache.v1.multiprocess.server._build_server_components`` composes
+    (lookup/prefetch, the transfer modules, management). In the server-driven mode
+    (``LMCacheMPAdapter``: LMCache's default on CUDA) the server builds its cache context
+    from the registered tensors (``CPUCacheContext``: per-layer format detection,
+    ``KVLayerGroupsManager`` per-group geometry) and copies through its own
+    ``transfer_kv_per_object_group`` with LMCache's torch device ops. In the engine-driven
+    mode (``LMCacheMPEngineDrivenAdapter``: LMCache's default on CPU tensors) the worker
+    gathers/scatters (``gather_paged_kv_to_cpu`` / ``scatter_cpu_to_paged_kv``) and the
+    server keeps the chunks; that mode refuses more than one KV transfer group itself
+    (``EngineDrivenTransferContext.register``).
 
-    On a CUDA worker LMCache defaults to its server-driven path (the server opens the
-    ``CudaIPCWrapper``s and copies per KV-cache group); on CPU tensors it defaults to the
-    engine-driven path above, which is LMCache's own code for exactly these tensors but
-    supports a single KV transfer group: for several groups (hybrid models) ``register``
-    raises ``Undrivable`` with LMCache's message (on a GPU the connector would not refuse).
+    Faked: the transport and the IPC. ``InProcessTransport`` stands for LMCache's
+    ``RequestClient`` (ZMQ): each RPC goes straight to the server module's handler and is
+    recorded (``sent``); ``SharedTensorHandle`` stands for the CUDA IPC / POSIX-SHM wrapper
+    (the server gets the very tensor, as CUDA IPC maps the same memory; the CPU SHM wrapper
+    would migrate the pool's storage). The worker heartbeat thread is not started. The
+    server's chunk size is the case's logical block size (one logical block, one chunk) and
+    its null-block sentinel is -1 (LMCache's default 0 is vLLM's null block, which vLLM
+    never schedules; kvconform checks every block id). Where LMCache's torch copy ops
+    refuse a layout that its compiled CUDA kernel copies (blocks-first rows), the server
+    logs and swallows the error; ``register`` probes one block and raises ``Undrivable``.
 
-Descriptors are observed, not derived: for block ``b`` the adapter runs the connector's own
-load path for ``b`` with a chunk whose bytes carry the layer index (chunk layout from the
-layout LMCache registered with the server: ``[2, layers, tokens, hidden]``, or
-``[layers, tokens, hidden]`` for single-plane formats), on a zeroed pool (saved and
-restored around it), and reports the pool bytes LMCache's scatter wrote, per layer.
+What was observed (lmcache 0.5.6): under vLLM's kernel split (FlashInfer's 128-token blocks
+registered as 64-token kernel blocks) LMCache is told ``EngineGroupInfo.tokens_per_block``
+128 (the spec) and detects 64 slots per registered block, which ``KVLayerGroupsManager``
+(``lmcache/v1/kv_layer_groups.py``, shared by the CUDA and CPU cache contexts) reads as a
+2:1 *compressed* group: logical block b moves kernel block b, half of the block, from the
+wrong place. The engine-driven path does the same (``num_physical_slots`` 64 per 128-token
+chunk).
+
+Descriptors are observed, not derived: for block ``b`` every registered view is filled with
+its layer's index + 1 (bytes outside all views with 0xFF), ``b`` is stored through the
+connector, the pool is zeroed, ``b`` is loaded back, and the bytes the load wrote are the
+descriptors of the layer whose marker they carry. The pool is restored afterwards.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import importlib
 import importlib.util
 import itertools
-import pickle
+import logging
+import time
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
@@ -69,159 +89,174 @@ from gpu_impl.connectors import Undrivable
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
 _ADAPTER_MODULE = "lmcache.integration.vllm.vllm_multi_process_adapter"
+_L1_BYTES = 128 << 20
+"""The server's CPU L1 pool (a chunk is one block of every layer: at most 64 MiB of the
+256 MiB pools validate_registration allocates, which have at least 4 blocks)."""
+_SETTLE_S = 5.0
+"""How long the server's host-callback thread may take to commit a store."""
+_LOOKUP_POLLS = 200
+"""Scheduler steps (10 ms apart) a lookup may stay pending while the server prefetches."""
+_COPY_LOGGERS = ("lmcache.v1.multiprocess.modules.lmcache_driven_transfer",
+                 "lmcache.v1.multiprocess.transfer_context.worker_transfer")
+"""Where LMCache logs (and swallows) an exception of its copy path."""
+_CPU_FALLBACK_GAP = "non-CUDA fallback"
+"""How LMCache's torch copy ops say a layout only its compiled CUDA kernel handles."""
 
 
-class RecordingLMCacheServer:
-    """The LMCache multi-process server, as LMCache's ``RequestClient`` sees it.
+class _CopyErrors(logging.Handler):
+    """Collects the exceptions LMCache's copy path logs instead of raising."""
 
-    Records each call as ``(method, args)`` in ``sent``. Committed chunks are kept per
-    chunk under the token prefix that ends them (LMCache keys chunks by prefix), so a
-    lookup of the same tokens hits them and a retrieve gets them back.
-    """
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.errors: list[BaseException] = []
 
-    def __init__(self, chunk_size: int) -> None:
-        self.chunk_size = chunk_size
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.errors.append(record.exc_info[1])
+
+
+class SharedTensorHandle:
+    """The IPC handle of one registered tensor: the server side gets the tensor itself."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+        self.shape, self.stride, self.dtype = tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype
+        self.storage_offset = int(tensor.storage_offset())
+
+    def to_tensor(self) -> Any:
+        return self.tensor
+
+
+class InProcessTransport:
+    """LMCache's ``RequestClient``, with each RPC handled by the in-process server's own
+    module handler (what its ZMQ server would dispatch to); records ``(rpc, args)``."""
+
+    def __init__(self, handlers: Mapping[str, Any]) -> None:
+        self._handlers = dict(handlers)
         self.sent: list[tuple[str, tuple[Any, ...]]] = []
-        self.chunks: dict[tuple[Any, ...], Any] = {}
-        self._hits: dict[str, int] = {}
 
-    @staticmethod
-    def _done(value: Any = None):
-        from lmcache.v1.multiprocess.futures import MessagingFuture
+    def __getattr__(self, rpc: str):
+        if rpc.startswith("_") or rpc not in self._handlers:
+            raise AttributeError(rpc)
+        handler = self._handlers[rpc]
 
-        future = MessagingFuture()
-        future.set_result(value)
-        return future
+        def call(*args: Any) -> Any:
+            from lmcache.v1.multiprocess.futures import MessagingFuture
 
-    def _record(self, method: str, *args: Any) -> None:
-        self.sent.append((method, args))
+            self.sent.append((rpc, args))
+            future = MessagingFuture()
+            future.set_result(handler(*args))
+            return future
 
-    def _chunk_keys(self, key: Any) -> list[tuple[Any, ...]]:
-        ends = range(key.start + self.chunk_size, key.end + 1, self.chunk_size)
-        return [(key.cache_salt, tuple(key.token_ids[:end])) for end in ends]
-
-    def hold(self, tokens: list[int], chunks: list[Any]) -> None:
-        """Make the server hold ``chunks`` for the first chunks of ``tokens`` (no salt)."""
-        ends = range(self.chunk_size, len(tokens) + 1, self.chunk_size)
-        self.chunks.update(zip((("", tuple(tokens[:end])) for end in ends), chunks))
-
-    # -- what the adapters' constructors and heartbeats ask
-    def get_chunk_size(self):
-        self._record("get_chunk_size")
-        return self._done(self.chunk_size)
-
-    def get_experimental(self):
-        self._record("get_experimental")
-        return self._done([])
-
-    def ping(self, instance_id=None):
-        return self._done(True)
-
-    # -- registration (engine-driven and server-driven)
-    def register_kv_cache_engine_driven_context(self, payload):
-        from lmcache.v1.multiprocess.custom_types import RegisterEngineDrivenContextResponse
-
-        self._record("register_kv_cache_engine_driven_context", payload)
-        return self._done(RegisterEngineDrivenContextResponse())  # no SHM pool: pickle transport
-
-    def register_kv_cache(self, *args):
-        self._record("register_kv_cache", *args)
-        return self._done(None)
-
-    def unregister_kv_cache_engine_driven_context(self, instance_id):
-        self._record("unregister_kv_cache_engine_driven_context", instance_id)
-        return self._done(None)
-
-    def unregister_kv_cache(self, instance_id):
-        self._record("unregister_kv_cache", instance_id)
-        return self._done(None)
-
-    # -- scheduler side
-    def lookup(self, key, tp_size):
-        self._record("lookup", key, tp_size)
-        hits = 0
-        for chunk_key in self._chunk_keys(key):
-            if chunk_key not in self.chunks:
-                break
-            hits += 1
-        self._hits[key.request_id] = hits
-        return self._done(None)
-
-    def query_prefetch_status(self, request_id):
-        self._record("query_prefetch_status", request_id)
-        return self._done(self._hits.get(request_id, 0))
-
-    def free_lookup_locks(self, key, tp_size):
-        self._record("free_lookup_locks", key, tp_size)
-        return self._done(None)
-
-    def end_session(self, request_id):
-        self._record("end_session", request_id)
-        return self._done(None)
-
-    def report_block_allocation(self, *args):
-        self._record("report_block_allocation", *args)
-        return self._done(None)
-
-    # -- engine-driven data path (pickle transport)
-    def prepare_store(self, key, instance_id):
-        from lmcache.v1.multiprocess.custom_types import PrepareStoreResponse
-
-        self._record("prepare_store", key, instance_id)
-        return self._done(PrepareStoreResponse())
-
-    def commit_store(self, key, instance_id, data: bytes):
-        self._record("commit_store", key, instance_id, len(data))
-        chunks = pickle.loads(data)
-        keys = self._chunk_keys(key)
-        if len(chunks) != len(keys):
-            return self._done(False)
-        self.chunks.update(zip(keys, chunks))
-        return self._done(True)
-
-    def prepare_retrieve(self, key, instance_id):
-        from lmcache.v1.multiprocess.custom_types import PrepareRetrieveResponse
-
-        self._record("prepare_retrieve", key, instance_id)
-        keys = self._chunk_keys(key)
-        if not keys or any(k not in self.chunks for k in keys):
-            return self._done(PrepareRetrieveResponse(success=False))
-        return self._done(PrepareRetrieveResponse(success=True, data=pickle.dumps([self.chunks[k] for k in keys])))
-
-    def commit_retrieve(self, key, instance_id):
-        self._record("commit_retrieve", key, instance_id)
-        return self._done(True)
+        return call
 
     def close(self) -> None:
         pass
 
 
+def _start_server(chunk_size: int) -> tuple[Any, dict[str, Any], Any]:
+    """LMCache's MP server (both transfer modules), as its command line would build it:
+    the server, its RPC handlers, and its host-callback dispatcher (which commits stores)."""
+    from lmcache.v1.distributed.config import add_storage_manager_args, parse_args_to_config
+    from lmcache.v1.multiprocess import server as mp_server
+    from lmcache.v1.multiprocess.config import (
+        add_coordinator_args,
+        add_mp_server_args,
+        parse_args_to_coordinator_config,
+        parse_args_to_mp_server_config,
+    )
+    from lmcache.v1.multiprocess.engine_context import MPCacheServerContext
+    from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import LMCacheDrivenTransferModule
+    from lmcache.v1.multiprocess.request_handler import iter_request_handlers
+
+    parser = argparse.ArgumentParser()
+    add_mp_server_args(parser)
+    add_storage_manager_args(parser)
+    add_coordinator_args(parser)
+    # vLLM never schedules block 0 (its null block), which LMCache's default null-block
+    # sentinel 0 relies on; kvconform addresses every block id, so the sentinel is -1
+    # (the value LMCache documents for engines where block 0 is valid).
+    args = parser.parse_args(["--chunk-size", str(chunk_size), "--l1-size-gb", str(_L1_BYTES / (1 << 30)),
+                              "--eviction-policy", "LRU", "--supported-transfer-mode", "auto",
+                              "--null-block-id", "-1"])
+    mp_config = parse_args_to_mp_server_config(args)
+    ctx = MPCacheServerContext(storage_manager_config=parse_args_to_config(args), chunk_size=mp_config.chunk_size,
+                               hash_algorithm=mp_config.hash_algorithm, null_block_id=mp_config.null_block_id,
+                               separate_object_groups=mp_config.separate_object_groups,
+                               session_ttl_seconds=mp_config.session_ttl_seconds)
+    components = mp_server._build_server_components(ctx, mp_config, parse_args_to_coordinator_config(args))
+    server = mp_server.MPCacheServer(ctx, components.modules)
+    handlers = {h.operation: h.handler for m in components.modules for h in iter_request_handlers(m)}
+    (driven,) = [m for m in components.modules if isinstance(m, LMCacheDrivenTransferModule)]
+    return server, handlers, driven._device_host_func_dispatcher
+
+
 class LMCacheMPAdapter:
     """``validate_registration`` adapter around the connector vLLM resolves as
-    ``LMCacheMPConnector`` (LMCache's own, with lmcache installed)."""
+    ``LMCacheMPConnector``, in LMCache's server-driven transfer mode (its CUDA default)."""
 
     connector = "LMCacheMPConnector"
     vllm_module = CONNECTOR_MODULE
+    transfer_mode = "lmcache_driven"
+    """``lmcache.mp.mp_transfer_mode`` given to the connector."""
 
     def __init__(self, ctx: RegistrationContext) -> None:
         self.ctx = ctx
-        self.server = RecordingLMCacheServer(ctx.block_size)
+        self.server: Any = None
+        self._dispatcher: Any = None
+        self.transport: InProcessTransport | None = None
         self.worker: Any = None
         self.scheduler: Any = None
         self.caches: dict[str, Any] = {}
-        self._config: Any = None
+        self._config: tuple[Any, Any, str] | None = None
         self._ids = itertools.count()
         self._descriptors: dict[int, dict[str, Ranges]] = {}
+        self._copy_errors = _CopyErrors()
 
-    # -- the faked services, active around every call into the connector
+    def __del__(self) -> None:
+        if self.server is not None:
+            with contextlib.suppress(Exception):
+                self.server.close()
+
     @contextlib.contextmanager
     def _services(self) -> Iterator[None]:
+        """The faked transport and IPC, around every call into the connector."""
         adapter_module = importlib.import_module(_ADAPTER_MODULE)
+        kv_wrap = importlib.import_module("lmcache.v1.platform.kv_wrap")
         with contextlib.ExitStack() as stack:
             stack.enter_context(mock.patch.object(adapter_module.RequestClientFactory, "create",
-                                                  lambda *a, **k: self.server))
-            # The heartbeat thread only pings the server; the fake never goes away.
+                                                  lambda *a, **k: self.transport))
+            stack.enter_context(mock.patch.object(kv_wrap, "resolve_kv_wrapper_factory",
+                                                  lambda device_type: SharedTensorHandle))
+            # The heartbeat only pings the server, which lives in this process.
             stack.enter_context(mock.patch.object(adapter_module.HeartbeatThread, "start", lambda self: None))
+            for name in _COPY_LOGGERS:
+                logger = logging.getLogger(name)
+                logger.addHandler(self._copy_errors)
+                stack.callback(logger.removeHandler, self._copy_errors)
+                if logger.level > logging.ERROR:  # LMCACHE_LOG_LEVEL=CRITICAL would drop them
+                    stack.callback(logger.setLevel, logger.level)
+                    logger.setLevel(logging.ERROR)
+            yield
+
+    @contextlib.contextmanager
+    def _configured(self) -> Iterator[None]:
+        """vLLM's config as the connector reads it (LMCache MP connector, this transfer
+        mode, the resolved layout), with the faked services, around each call."""
+        from vllm.config import KVTransferConfig
+
+        vc, _, layout_name = self._config
+        with contextlib.ExitStack() as stack:
+            saved = vc.kv_transfer_config
+            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(
+                kv_connector="LMCacheMPConnector", kv_role="kv_both",
+                kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555,
+                                           "lmcache.mp.mp_transfer_mode": self.transfer_mode}))
+            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
+            saved_layout = vc.cache_config.kv_cache_layout
+            vc.cache_config.kv_cache_layout = layout_name
+            stack.callback(setattr, vc.cache_config, "kv_cache_layout", saved_layout)
+            stack.enter_context(self._services())
             yield
 
     def register(self, kv_caches: Mapping[str, Any]) -> None:
@@ -230,7 +265,6 @@ class LMCacheMPAdapter:
                 "lmcache is not installed: vLLM's lmcache_mp_connector imports it at module level and "
                 "LMCache's server decides every byte moved (run under scripts/lmcache_env.sh)"
             )
-        from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
         module = importlib.import_module(CONNECTOR_MODULE)
@@ -242,40 +276,20 @@ class LMCacheMPAdapter:
 
             stack, vc, kcc, _, _, layout = _plan(self.ctx.case, self.ctx.runner)
             layout_name = layout.name
-        with stack:
-            saved = vc.kv_transfer_config
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(
-                kv_connector="LMCacheMPConnector", kv_role="kv_both",
-                kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555}))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
-            vc.cache_config.kv_cache_layout = layout_name
-            stack.callback(setattr, vc.cache_config, "kv_cache_layout", None)
-            stack.enter_context(self._services())
-            if len(kcc.kv_cache_groups) > 1 and not vc.cache_config.enable_prefix_caching:
-                vc.cache_config.enable_prefix_caching = True
+        self.server, handlers, self._dispatcher = _start_server(self.ctx.block_size)
+        self.transport = InProcessTransport(handlers)
+        self._config = (vc, kcc, layout_name)
+        with stack, self._configured():
             self.scheduler = module.LMCacheMPConnector(vc, KVConnectorRole.SCHEDULER, kcc)
             self.worker = module.LMCacheMPConnector(vc, KVConnectorRole.WORKER, kcc)
-            try:
-                self.worker.register_kv_caches(dict(kv_caches))
-            except ValueError as exc:
-                if "engine-driven transfer does not support multiple KV transfer groups" in str(exc):
-                    raise Undrivable(f"LMCache's CPU (engine-driven) path: {exc}; its CUDA path copies "
-                                     "per group on the server through CUDA IPC") from exc
-                raise
-            self._config = (vc, kcc, layout_name)
+            self.worker.register_kv_caches(dict(kv_caches))
         self.caches = dict(kv_caches)
+        # One block through the copy path now, so that a layout LMCache copies only with
+        # its CUDA kernel is reported from here (its torch ops refuse it, and the server
+        # swallows that: the store would just miss).
+        self.descriptors(next(iter(self.caches)), min(1, self.ctx.num_blocks - 1))
 
     # -- the connector's own planning and copy paths
-    @contextlib.contextmanager
-    def _configured(self) -> Iterator[Any]:
-        vc, kcc, layout_name = self._config
-        with contextlib.ExitStack() as stack:
-            saved = vc.cache_config.kv_cache_layout
-            vc.cache_config.kv_cache_layout = layout_name
-            stack.callback(setattr, vc.cache_config, "kv_cache_layout", saved)
-            stack.enter_context(self._services())
-            yield vc
-
     def _request(self, tokens: list[int]):
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
@@ -287,94 +301,129 @@ class LMCacheMPAdapter:
                        sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
                        block_hasher=get_request_block_hasher(self.ctx.block_size, sha256))
 
-    def _step(self, request, block_ids: list[int], num_tokens: int):
-        """One scheduler step for a new request that was given ``block_ids``: the
-        scheduler connector's metadata for it, bound to the worker connector."""
+    def _step(self, request, block_ids: list[int]) -> None:
+        """One scheduler step for a new request given ``block_ids`` (in every KV cache
+        group): the scheduler connector's metadata for it, bound to the worker."""
         from vllm.v1.core.kv_cache_manager import KVCacheBlocks
         from vllm.v1.core.kv_cache_utils import KVCacheBlock
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
-        groups = len(self._config[1].kv_cache_groups)
-        ids = tuple(list(block_ids) for _ in range(groups))
-        loadable, _ = self.scheduler.get_num_new_matched_tokens(request, 0)
-        loadable = loadable or 0
+        ids = tuple(list(block_ids) for _ in self._config[1].kv_cache_groups)
+        for _ in range(_LOOKUP_POLLS):  # the scheduler asks again each step while the server prefetches
+            loadable, _ = self.scheduler.get_num_new_matched_tokens(request, 0)
+            if loadable is not None:
+                break
+            time.sleep(0.01)
+        else:
+            raise TimeoutError(f"LMCache's lookup for {request.request_id} stayed pending")
         blocks = KVCacheBlocks(tuple([KVCacheBlock(block_id=b) for b in g] for g in ids))
         self.scheduler.update_state_after_alloc(request, blocks, loadable)
-        new = NewRequestData.from_request(request, ids)
-        out = SchedulerOutput(scheduled_new_reqs=[new], scheduled_cached_reqs=CachedRequestData.make_empty(),
-                              num_scheduled_tokens={request.request_id: num_tokens - loadable},
-                              total_num_scheduled_tokens=num_tokens - loadable, scheduled_spec_decode_tokens={},
-                              scheduled_encoder_inputs={}, finished_req_ids=set(), free_encoder_mm_hashes=[])
-        meta = self.scheduler.build_connector_meta(out)
-        self.worker.bind_connector_metadata(meta)
-        return meta, loadable
+        scheduled = request.num_tokens - loadable
+        out = SchedulerOutput(scheduled_new_reqs=[NewRequestData.from_request(request, ids)],
+                              scheduled_cached_reqs=CachedRequestData.make_empty(),
+                              num_scheduled_tokens={request.request_id: scheduled}, total_num_scheduled_tokens=scheduled,
+                              scheduled_spec_decode_tokens={}, scheduled_encoder_inputs={}, finished_req_ids=set(),
+                              free_encoder_mm_hashes=[])
+        self.worker.bind_connector_metadata(self.scheduler.build_connector_meta(out))
 
-    def _tokens(self, n_blocks: int, salt: int) -> list[int]:
+    def _finish(self, request, block_ids: list[int]) -> None:
+        self.worker.clear_connector_metadata()
+        self.scheduler.request_finished(request, list(block_ids))
+
+    def _tokens(self, n_blocks: int) -> list[int]:
+        salt = next(self._ids)
         return [(salt * 7919 + i) % 30000 + 1 for i in range(n_blocks * self.ctx.block_size)]
 
     def store(self, block_ids: list[int], engine: Any) -> Any:
-        tokens = self._tokens(len(block_ids), next(self._ids))
+        """A new request whose prompt fills ``block_ids``: the connector stores its chunks."""
+        tokens = self._tokens(len(block_ids))
         with self._configured():
             request = self._request(tokens)
-            meta, _ = self._step(request, list(block_ids), len(tokens))
+            self._step(request, list(block_ids))
+            dispatched, sent = self._dispatcher.dispatched_count(), len(self.transport.sent)
             self.worker.wait_for_save()
-            self.worker.clear_connector_metadata()
-            self.scheduler.request_finished(request, list(block_ids))
-        return {"tokens": tokens, "plan": [(m.direction, list(m.op.block_ids)) for m in meta.requests]}
+            self.worker.worker_adapter.transfer_ctx.flush_inflight_stores()
+            self._finish(request, list(block_ids))
+            # Server-driven stores commit on the server's callback thread (engine-driven
+            # ones commit before the RPC returns).
+            if any(rpc == "store" for rpc, _ in self.transport.sent[sent:]):
+                self._settle(dispatched)
+        return {"tokens": tokens}
+
+    def _settle(self, dispatched: int) -> None:
+        """Wait until the server's host-callback thread has run the completions the store
+        recorded (it commits the written objects asynchronously, as after a CUDA stream)."""
+        deadline = time.monotonic() + _SETTLE_S
+        last, quiet = dispatched, 0
+        while time.monotonic() < deadline and quiet < 3:
+            time.sleep(0.005)
+            now = self._dispatcher.dispatched_count()
+            quiet = quiet + 1 if now == last and now > dispatched else 0
+            last = now
 
     def load(self, handle: Any, block_ids: list[int], engine: Any) -> None:
+        """The same prompt again, given ``block_ids``: the connector loads it from LMCache."""
         with self._configured():
             request = self._request(handle["tokens"])
-            meta, loadable = self._step(request, list(block_ids), len(handle["tokens"]))
+            self._step(request, list(block_ids))
             self.worker.start_load_kv(None)
-            self.worker.clear_connector_metadata()
-            self.scheduler.request_finished(request, list(block_ids))
+            self._finish(request, list(block_ids))
+
+    @property
+    def kernel_block_size(self) -> int:
+        """Slots per registered block, as the server's cache context detected them."""
+        (context,) = self.server.cache_contexts.values()
+        return context.block_size
 
     def descriptors(self, layer: str, block_id: int) -> Ranges:
         if block_id not in self._descriptors:
-            self._descriptors[block_id] = self._observe_writes(block_id)
+            self._descriptors[block_id] = self._observe(block_id)
         return self._descriptors[block_id].get(layer, [])
 
-    def _observe_writes(self, block_id: int) -> dict[str, Ranges]:
-        """The pool bytes the connector's own load path writes for ``block_id``, per layer."""
+    def _observe(self, block_id: int) -> dict[str, Ranges]:
+        """The pool bytes the connector's own load of ``block_id`` writes, per layer whose
+        registered view they were stored from."""
         import torch
 
-        from conformance.connectors.roundtrip import _pool_tensor
-
-        pool = _pool_tensor(self.caches)
-        if pool is None:
-            raise Undrivable("the registered tensors are not views of one storage")
-        ctx = self.worker.worker_adapter.transfer_ctx.engine_driven_context
-        (shape,), (dtype,) = ctx.layout_desc.shapes, ctx.layout_desc.dtypes
         names = list(self.caches)
-        layer_dim = 1 if len(shape) == 4 else 0
-        if shape[layer_dim] != len(names) or len(names) > 250:
-            raise Undrivable(f"LMCache's chunk {tuple(shape)} does not have one layer slot per registered layer")
-        chunk = torch.empty(tuple(shape), dtype=dtype)
-        for i in range(len(names)):
-            chunk.select(layer_dim, i).view(torch.uint8).fill_(i + 1)
+        tensors = list(self.caches.values())
+        if (len(names) >= 255 or not all(isinstance(t, torch.Tensor) for t in tensors)
+                or len({t.untyped_storage().data_ptr() for t in tensors}) != 1):
+            raise Undrivable("the registered tensors are not tensor views of one storage with < 255 layers")
+        pool = torch.empty(0, dtype=torch.int8).set_(tensors[0].untyped_storage())
         saved = pool.clone()
         try:
+            pool.view(torch.uint8).fill_(255)
+            for i, name in enumerate(names):
+                self.caches[name].view(torch.uint8).fill_(i + 1)
+            handle = self.store([block_id], None)
             pool.zero_()
-            tokens = self._tokens(1, 10**6 + block_id)
-            self.server.hold(tokens, [chunk])  # what the server returns for these tokens
-            self.load({"tokens": tokens}, [block_id], None)
+            self.load(handle, [block_id], None)
+            gaps = [e for e in self._copy_errors.errors if _CPU_FALLBACK_GAP in str(e)]
+            if gaps:
+                raise Undrivable(f"LMCache's torch copy ops (its CPU path): {type(gaps[0]).__name__}: "
+                                 f"{str(gaps[0]).splitlines()[0]}")
             written = pool.view(torch.uint8)
-            out: dict[str, Ranges] = {}
             base = pool.data_ptr()
+            out: dict[str, Ranges] = {}
             for i, name in enumerate(names):
                 mask = (written == i + 1).to(torch.int8)
-                edges = torch.nonzero(torch.diff(torch.cat([torch.zeros(1, dtype=torch.int8), mask,
-                                                            torch.zeros(1, dtype=torch.int8)]))).flatten().tolist()
-                out[name] = [(base + a, z - a) for a, z in zip(edges[::2], edges[1::2])]
+                edges = torch.nonzero(torch.diff(mask, prepend=mask.new_zeros(1), append=mask.new_zeros(1))).flatten()
+                out[name] = [(base + a, z - a) for a, z in zip(edges[::2].tolist(), edges[1::2].tolist())]
             return out
         finally:
             pool.copy_(saved)
 
+
+class LMCacheMPEngineDrivenAdapter(LMCacheMPAdapter):
+    """The same connector in LMCache's engine-driven mode (its default for CPU tensors):
+    the worker gathers/scatters with LMCache's torch ops, the server keeps the chunks."""
+
+    transfer_mode = "engine_driven"
+
     @property
     def kernel_block_size(self) -> int:
-        ctx = self.worker.worker_adapter.transfer_ctx.engine_driven_context
-        return ctx.metadata.block_size
+        return self.worker.worker_adapter.transfer_ctx.engine_driven_context.metadata.block_size
 
 
-__all__ = ["LMCacheMPAdapter", "RecordingLMCacheServer"]
+__all__ = ["InProcessTransport", "LMCacheMPAdapter", "LMCacheMPEngineDrivenAdapter", "SharedTensorHandle"]

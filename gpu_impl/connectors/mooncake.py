@@ -45,6 +45,9 @@ class MooncakeAdapter:
 
     requires_vllm_driver = "mooncake"
     """What the installed vLLM must provide (``gpu_impl.vllm_api``) for this adapter to run."""
+    connector = "MooncakeConnector"
+    case_connector = "mooncake"
+    """The case's ``connector``: vLLM resolves the layout this connector asks for."""
 
     def __init__(self, ctx: RegistrationContext) -> None:
         self.ctx = ctx

@@ -43,8 +43,6 @@ from unittest import mock
 from conformance.connectors.protocol import Ranges, RegistrationContext
 from gpu_impl.connectors import Undrivable
 
-_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store"
-
 
 class RecordingMooncakeStore:
     """Stands in for ``mooncake.store.MooncakeDistributedStore`` (a remote KV object store).
@@ -184,7 +182,7 @@ class MooncakeStoreAdapter:
     """``validate_registration`` adapter around the real ``MooncakeStoreConnector`` worker."""
 
     connector = "MooncakeStoreConnector"
-    vllm_module = f"{_MODULE}.connector"
+    vllm_module = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector"
 
     def __init__(self, ctx: RegistrationContext) -> None:
         self.ctx = ctx
@@ -215,22 +213,22 @@ class MooncakeStoreAdapter:
         with contextlib.ExitStack() as stack:
             vc, kcc, layout = self._config(stack)
             stack.enter_context(_fake_mooncake(self.store_service))
-
             saved = vc.kv_transfer_config
             object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=self.connector, kv_role="kv_both"))
             stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
             cc = vc.cache_config
-            saved_cache = (cc.kv_cache_layout, cc.num_gpu_blocks)
+            stack.callback(setattr, cc, "kv_cache_layout", cc.kv_cache_layout)
+            stack.callback(setattr, cc, "num_gpu_blocks", cc.num_gpu_blocks)
             cc.kv_cache_layout = layout  # connectors are built after layout resolution
             cc.num_gpu_blocks = kcc.num_blocks  # the engine sets it before workers register
-            stack.callback(lambda: (setattr(cc, "kv_cache_layout", saved_cache[0]), setattr(cc, "num_gpu_blocks", saved_cache[1])))
             mc = vc.model_config
+            # What the project's ModelConfig stand-in lacks: at TP 1 the total KV head count is
+            # the per-rank one; the layer count only feeds a log line.
             if not hasattr(mc, "get_total_num_kv_heads"):
-                # The project's model stand-in: TP 1, so the total is the per-rank count.
-                mc.get_total_num_kv_heads = mc.get_num_kv_heads
+                stack.enter_context(mock.patch.object(mc, "get_total_num_kv_heads", mc.get_num_kv_heads, create=True))
             if not hasattr(mc, "get_num_layers"):
-                targets = [l for l in self.ctx.case.layers if not l.is_draft]
-                mc.get_num_layers = lambda parallel_config=None: len(targets)
+                n_layers = sum(not l.is_draft for l in self.ctx.case.layers)
+                stack.enter_context(mock.patch.object(mc, "get_num_layers", lambda parallel_config=None: n_layers, create=True))
             rank = SimpleNamespace(world_size=1, rank_in_group=0)
             store_config = MooncakeStoreConfig(metadata_server="kvconform", master_server_address="kvconform", protocol="tcp", device_name="")
             fakes = {

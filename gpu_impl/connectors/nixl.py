@@ -85,6 +85,9 @@ class NixlAdapter:
 
     requires_vllm_driver = "nixl"
     """What the installed vLLM must provide (``gpu_impl.vllm_api``) for this adapter to run."""
+    connector = "NixlConnector"
+    case_connector = "nixl"
+    """The case's ``connector``: vLLM resolves the layout this connector asks for."""
 
     def __init__(self, ctx: RegistrationContext) -> None:
         self.ctx = ctx

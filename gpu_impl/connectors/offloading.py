@@ -32,11 +32,19 @@ What is faked (hardware, or a host service), and why:
   both take the same descriptors);
 - ``ops.swap_blocks_batch`` (``cuMemcpyBatchAsync``) -> one ``engine.copy`` per descriptor.
 
-The kv_cache_config and specs come from vLLM's own planning with the case's connector set to
-``offloading`` (``gpu_impl.connectors.nixl._plan``), unless the runner's (``ctx.vllm``) are
-given. The CPU chunk ids a store writes to are chosen here (the scheduler's
-``CPUOffloadingManager`` is not run): chunks from the end of the CPU cache, one per (group,
-block), so chunk 0 never hides an offset error.
+The vLLM config and kv_cache_config are the runner's (``ctx.vllm``), else vLLM's own planning
+(``gpu_impl.connectors.nixl._plan``), with ``kv_transfer_config`` naming OffloadingConnector
+and ``VLLM_USE_V2_MODEL_RUNNER`` matching the runner (the connector's parallelism-agnostic
+claim reads it). After the constructor (whose config checks may refuse) and before
+``register_kv_caches``, the layout is checked: vLLM's ``resolve_kv_cache_layout`` with the
+connector configured must give the layout the tensors were built in (an explicit
+``VLLM_KV_CACHE_LAYOUT`` wins over the connector's LBHNC, so a forced layout reaches the
+connector as it would in vLLM); otherwise the case is ``Undrivable`` (the connector would be
+handed other tensors). The connector itself never checks the layout.
+
+The CPU chunk ids a store writes to are chosen here (the scheduler's ``CPUOffloadingManager``
+is not run): chunks from the end of the CPU cache, one per (group, block), so chunk 0 never
+hides an offset error.
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import dataclasses
 import itertools
 import mmap
 from types import SimpleNamespace
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 from unittest import mock
 
 from conformance.connectors.protocol import Ranges, RegistrationContext
@@ -175,7 +183,7 @@ def _layout_with_connector(vc: Any, kcc: Any, backends: Mapping[str, Any]) -> st
 
 
 @contextlib.contextmanager
-def _cuda_stand_in(extra: list[Any] = ()) -> Iterator[None]:
+def _cuda_stand_in(extra: Sequence[Any] = ()) -> Iterator[None]:
     """The platform, events and pinning the CPU tier sees (plus ``extra`` patches)."""
     import torch
     from vllm.v1.kv_offload.cpu import gpu_worker, spec
@@ -205,6 +213,8 @@ class OffloadingAdapter:
     """``validate_registration`` / round-trip adapter around the real OffloadingConnector worker."""
 
     connector = "OffloadingConnector"
+    case_connector = "offloading"
+    """The case's ``connector``: vLLM resolves the layout this connector asks for (LBHNC)."""
     vllm_module = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector"
 
     def __init__(self, ctx: RegistrationContext) -> None:

@@ -79,7 +79,7 @@ class _Event:
 
 
 class _InlineThread:
-    """``threading.Thread`` for the copy backend: holds the loop, which ``drain`` runs inline."""
+    """``threading.Thread`` for the copy backend: holds the loop for the adapter's ``_drain``."""
 
     def __init__(self, target: Callable[..., None], args: tuple, daemon: bool | None = None) -> None:
         self.target, self.args = target, args
@@ -272,10 +272,6 @@ class SimpleCPUOffloadAdapter:
             if region.data_ptr() < hi and lo < region.data_ptr() + region.nbytes:
                 out.append((src, nbytes))
         return out
-
-    @property
-    def num_cpu_blocks(self) -> int:
-        return self.worker.num_cpu_blocks
 
     # --- round trip ----------------------------------------------------------------------------
 
