@@ -1,4 +1,4 @@
-"""Example connector adapters: one correct, three with the bug classes real connectors shipped.
+"""Example connector adapters: one correct, five with the bug classes real connectors shipped.
 
 - ``ReferenceAdapter``: correct; derives everything from the registered view (``shape[0]``,
   ``stride()``, ``data_ptr()``), as vLLM 0.33.0's NIXL connector does for layer-outermost layouts.
@@ -9,6 +9,10 @@
 - ``PermutationBlindAdapter``: assumes each layer's blocks are contiguous pages laid out
   ``[N, H, C]`` (LBNHC), ignoring strides: wrong under LBHNC (its K/V positions),
   block-outermost layouts and LHBNC.
+- ``KVInLastDimAdapter``: K then V halves of the last dim for every backend: wrong K/V
+  under two head slots (ROCM_ATTN, B12X) and K/V planes (CPU_ATTN).
+- ``UnpaddedPageAdapter``: blocks spaced by their K/V bytes, ignoring page padding (hybrid
+  models whose groups share one padded page size).
 """
 
 from __future__ import annotations
@@ -146,4 +150,36 @@ class PermutationBlindAdapter(ReferenceAdapter):
         return k, v
 
 
-__all__ = ["LogicalBlockAdapter", "PermutationBlindAdapter", "ReferenceAdapter", "ShapeMinus3Adapter"]
+
+
+class KVInLastDimAdapter(ReferenceAdapter):
+    """Wrong: K is the first half of the last dim and V the second, for every backend (what
+    ``protocol.py`` used to promise): right pages, wrong K/V under ROCM_ATTN / B12X (two head
+    slots) and CPU_ATTN (K/V planes per head)."""
+
+    def kv_descriptors(self, layer: str, block_id: int) -> tuple[Ranges, Ranges]:
+        t, r = self.caches[layer], self._ratio(layer)
+        info = self.ctx.layers[layer]
+        if info.is_mla or info.is_mamba:
+            return self.descriptors(layer, block_id), []
+        half = t.shape[-1] // 2
+        k: Ranges = []
+        v: Ranges = []
+        for kb in range(block_id * r, block_id * r + r):
+            k += _view_runs(t[..., :half], kb)
+            v += _view_runs(t[..., half:], kb)
+        return k, v
+
+
+class UnpaddedPageAdapter(ReferenceAdapter):
+    """Wrong: consecutive blocks ``heads x tokens x content`` bytes apart (the block's K/V bytes),
+    ignoring the page padding vLLM adds so every group of a hybrid model shares one page size."""
+
+    def descriptors(self, layer: str, block_id: int) -> Ranges:
+        t, r = self.caches[layer], self._ratio(layer)
+        per_kernel_block = t[0].numel() * t.element_size()  # content only, as if pages were dense
+        return [(t.data_ptr() + k * per_kernel_block, per_kernel_block) for k in range(block_id * r, block_id * r + r)]
+
+
+__all__ = ["KVInLastDimAdapter", "LogicalBlockAdapter", "PermutationBlindAdapter", "ReferenceAdapter", "ShapeMinus3Adapter",
+           "UnpaddedPageAdapter"]

@@ -49,7 +49,9 @@ bounds-checked, refused outside the pool and the host buffers) or through torch 
 registered tensors. Without ``store``/``load`` the round trip moves each layer's
 ``descriptors`` in order (what NIXL and Mooncake pair up, descriptor i to descriptor i).
 ``transferred_layers`` (optional, after ``register``): the layers the connector moves at
-all, when it moves only some by design (e.g. only the offloaded groups).
+all, when it moves only some by design (e.g. only the offloaded groups). ``fill_only = True``:
+the connector only writes blocks (benchmark fills): its ``descriptors`` are the bytes a fill
+of the block writes, and the round trip does not apply.
 """
 
 from __future__ import annotations

@@ -193,6 +193,9 @@ def check_round_trip(adapter: Any, derivation, kv_caches: Mapping[str, Any], src
                                detail=f"pool of {pool.numel()} bytes is over the round trip's {MAX_POOL_BYTES}-byte bound")
     if derivation.num_blocks <= max(src_block, dst_block):
         return RoundTripResult(src_block, dst_block, "skipped", detail=f"the case has only {derivation.num_blocks} blocks")
+    if getattr(adapter, "fill_only", False):
+        return RoundTripResult(src_block, dst_block, "not_applicable",
+                               detail="the connector only writes the pool (fills blocks); nothing is stored to load back")
     has_store, has_load = hasattr(adapter, "store"), hasattr(adapter, "load")
     if not (has_store and has_load) and not hasattr(adapter, "descriptors"):
         return RoundTripResult(src_block, dst_block, "not_applicable", detail="the adapter has neither store/load nor descriptors")

@@ -306,14 +306,38 @@ class _LayerFacts:
         self.kernel_page = blocks.kernel_page_bytes
 
 
-def _diagnose_descriptors(f: _LayerFacts, layout: str, block: int, expected: list, observed: list, kind: str) -> str:
+_PACKING_WHERE = {
+    "kv_in_c": "K then V in the last dim C of every (token, head)",
+    "two_head_slots": "two head slots: H = 2 (slot 0 is K, slot 1 is V) and C holds every head of one token",
+    "cpu_kv_planes": "per (block, head) a K plane of all the block's tokens, then a V plane",
+    "mla_latent": "one latent vector per token, no separate V",
+    "state": "raw recurrent state, no K or V",
+}
+
+
+def _diagnose_descriptors(f: _LayerFacts, layout: str, block: int, expected: list, observed: list, kind: str,
+                          packing: str = "kv_in_c") -> str:
     """One line: the most likely cause of a descriptor mismatch, and the fix."""
     lo = observed[0][0] if observed else None
     n_obs, n_exp = intervals.total(observed), intervals.total(expected)
     what = "K bytes" if kind == "k" else "V bytes" if kind == "v" else "bytes"
     if not observed:
         return f"no descriptors for logical block {block}: every registered layer (including aliased groups) must transfer its block"
-    if lo is not None and f.ratio > 1 and block > 0 and lo == f.data_ptr + block * f.stride0:
+    if kind in ("k", "v") and packing != "kv_in_c":
+        # The page is right (checked first) but K and V were split as if K then V share the last dim.
+        return (
+            f"the block's page is right but its {what} are not: this layer's backend packs {_PACKING_WHERE.get(packing, packing)} "
+            f"(LayerInfo.kv_packing = {packing!r}); split K from V by that packing, not by halving the last dim"
+        )
+    content_block = f.kernel_content * f.ratio  # the block's bytes without page padding
+    if (lo is not None and block > 0 and f.page > content_block and f.stride0 * f.ratio == f.page
+            and lo == f.data_ptr + block * content_block):
+        return (
+            f"block {block} starts {block} x {content_block} bytes (the block's K/V bytes) into the layer, but this layer's "
+            f"pages are padded to {f.page} bytes (page_size_bytes: the group shares one page size): "
+            f"address blocks with stride(0)*element_size ({f.stride0}), which includes the padding"
+        )
+    if lo is not None and f.ratio > 1 and lo == f.data_ptr + block * f.stride0 and (block > 0 or n_obs * f.ratio == n_exp):
         return (
             f"logical block {block} was addressed as kernel block {block} (offset {block * f.stride0} into the layer); "
             f"vLLM registered {f.kernel_tokens}-token kernel blocks ({f.ratio} per {f.logical_tokens}-token logical block, "
@@ -605,7 +629,8 @@ def _judge(connector: Any, label: str, derivation, caches: Mapping[str, Any], ct
                         exp = intervals.merge((base + a, base + z) for a, z in region.runs())
                         if exp != obs:
                             add(name, b, side, _show(exp, base), _show(obs, base),
-                                _diagnose_descriptors(f, derivation.layout.name, b, exp, obs, side))
+                                _diagnose_descriptors(f, derivation.layout.name, b, exp, obs, side,
+                                                      derivation.kv_packing(name).value))
     if hasattr(adapter, "head_descriptors"):
         for name, f in facts.items():
             heads = f.view.shape[1]

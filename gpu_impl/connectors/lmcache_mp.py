@@ -154,9 +154,16 @@ class InProcessTransport:
         pass
 
 
+_live_server: list[Any] = []
+"""The one LMCache server alive in this process: its host-callback dispatcher drains a
+process-global native completion queue, so a second server's dispatcher would take (and
+misroute) the first one's store commits."""
+
+
 def _start_server(chunk_size: int) -> tuple[Any, dict[str, Any], Any]:
     """LMCache's MP server (both transfer modules), as its command line would build it:
-    the server, its RPC handlers, and its host-callback dispatcher (which commits stores)."""
+    the server, its RPC handlers, and its host-callback dispatcher (which commits stores).
+    Closes the server an earlier adapter started (adapters are driven one at a time)."""
     from lmcache.v1.distributed.config import add_storage_manager_args, parse_args_to_config
     from lmcache.v1.multiprocess import server as mp_server
     from lmcache.v1.multiprocess.config import (
@@ -169,6 +176,9 @@ def _start_server(chunk_size: int) -> tuple[Any, dict[str, Any], Any]:
     from lmcache.v1.multiprocess.modules.lmcache_driven_transfer import LMCacheDrivenTransferModule
     from lmcache.v1.multiprocess.request_handler import iter_request_handlers
 
+    while _live_server:
+        with contextlib.suppress(Exception):
+            _live_server.pop().close()
     parser = argparse.ArgumentParser()
     add_mp_server_args(parser)
     add_storage_manager_args(parser)
@@ -188,6 +198,7 @@ def _start_server(chunk_size: int) -> tuple[Any, dict[str, Any], Any]:
     server = mp_server.MPCacheServer(ctx, components.modules)
     handlers = {h.operation: h.handler for m in components.modules for h in iter_request_handlers(m)}
     (driven,) = [m for m in components.modules if isinstance(m, LMCacheDrivenTransferModule)]
+    _live_server.append(server)
     return server, handlers, driven._device_host_func_dispatcher
 
 
@@ -212,11 +223,6 @@ class LMCacheMPAdapter:
         self._ids = itertools.count()
         self._descriptors: dict[int, dict[str, Ranges]] = {}
         self._copy_errors = _CopyErrors()
-
-    def __del__(self) -> None:
-        if self.server is not None:
-            with contextlib.suppress(Exception):
-                self.server.close()
 
     @contextlib.contextmanager
     def _services(self) -> Iterator[None]:

@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator, Mapping
 from unittest import mock
 
 from conformance.connectors.protocol import Ranges, RegistrationContext
+from gpu_impl.connectors import Undrivable
 
 _REQUEST = "kvconform"
 """The request id a load reports back (``load_event_to_reqs``)."""
@@ -169,7 +170,7 @@ class SimpleCPUOffloadAdapter:
         patches = [
             mock.patch.object(worker_mod, "torch", self._torch),
             mock.patch.object(copy_backend, "torch", self._torch),
-            # Pinning as on a CUDA host (the host cache is then "registered" with the fake).
+            # PIN_MEMORY is False off CUDA; on a CUDA host the worker pins its host cache.
             mock.patch.object(worker_mod, "PIN_MEMORY", True),
             mock.patch.object(worker_mod, "pin_tensor", lambda tensor: None),
             mock.patch.object(copy_backend, "threading", types.SimpleNamespace(Thread=_InlineThread)),
@@ -223,8 +224,8 @@ class SimpleCPUOffloadAdapter:
         self.caches = dict(kv_caches)
         with self._config() as (vc, kcc), self._hardware():
             self.connector_obj = SimpleCPUOffloadConnector(vc, KVConnectorRole.WORKER, kcc)
-            if self.worker is None:
-                raise AssertionError("SimpleCPUOffloadConnector built no worker (prefix caching is off)")
+            if self.worker is None:  # it disables itself without prefix caching
+                raise Undrivable("SimpleCPUOffloadConnector built no worker: prefix caching is off for this case")
             self.connector_obj.register_kv_caches(self.caches)
         self._engine = None
         self._by_block.clear()

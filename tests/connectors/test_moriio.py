@@ -112,12 +112,17 @@ def test_kernel_split_and_sd_conv_state_are_refused():
         _register(get_case("mamba-hybrid"), "mrv1")
 
 
-def test_ds_hybrid_reads_conv_projections_and_ssm(monkeypatch):
+def test_ds_hybrid_reads_conv_projections_and_ssm(monkeypatch, request):
     """A Mamba-2 hybrid in the DS layout: each state slot is read as the conv state's three
     sub-projections (x, B, C, split by derive_mamba_conv_split) and the SSM state."""
     from reference.config import CaseConfig, LayerConfig, uniform_layers
+    from vllm.model_executor.layers.mamba.mamba_utils import get_conv_state_layout
 
+    # The deployment's switch; vLLM caches the layout per process (functools.lru_cache), so
+    # the cache is cleared now and again after the test (the env is restored by then).
     monkeypatch.setenv("VLLM_SSM_CONV_STATE_LAYOUT", "DS")
+    get_conv_state_layout.cache_clear()
+    request.addfinalizer(get_conv_state_layout.cache_clear)
     # conv (dim, rows) = (160, 3): x = 4 heads x 32 = 128 columns, B = C = 16; ssm (4, 32, 16).
     mixers = tuple(LayerConfig(f"model.layers.{i}.mixer", kind="mamba", backend="MAMBA2_ATTN",
                                mamba_shapes=((160, 3), (4, 32, 16))) for i in (2, 3))

@@ -211,3 +211,28 @@ def test_replay_line_of_an_out_of_tree_adapter_carries_its_import_path(tmp_path,
     out = subprocess.run(["bash", "-c", line.replace("kvconform ", f"{kvconform} ", 1)], cwd="/", capture_output=True, text=True,
                          env={k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 0, out.stdout[-500:] + out.stderr[-500:]
+
+
+@pytest.mark.parametrize(("adapter", "case", "cause"), [
+    ("LogicalBlockAdapter", "flashinfer-b128-k64", "logical block b is kernel blocks"),
+    ("PermutationBlindAdapter", "dense-fa-b128-lhbnc", "compute offsets from tensor.stride()"),
+    ("KVInLastDimAdapter", "rocm-attn-b16", "LayerInfo.kv_packing = 'two_head_slots'"),
+    ("KVInLastDimAdapter", "cpu-attn-b32", "LayerInfo.kv_packing = 'cpu_kv_planes'"),
+    ("UnpaddedPageAdapter", "swa-hybrid-padded", "pages are padded to"),
+])
+def test_each_wrong_adapter_is_diagnosed_with_its_cause(adapter: str, case: str, cause: str) -> None:
+    """One wrong adapter per cause (logical vs kernel blocks, layout strides, K/V packing,
+    page padding): the first divergence of each layer names that cause, not a generic mismatch."""
+    report = _report(f"conformance.connectors.examples:{adapter}", [case])
+    assert report.failed_cases, report.format()
+    messages = [d.message for d in report.divergences if d.field in ("descriptors", "k", "v")]
+    assert messages and all(cause in m for m in messages), messages[:3]
+
+
+@pytest.mark.parametrize("case", ["flashinfer-b128-k64", "dense-fa-b128-lbnhc"])
+def test_the_wrong_adapters_are_right_where_their_assumption_holds(case: str) -> None:
+    """K/V halves of the last dim are right for kv_in_c backends; unpadded spacing is right
+    for layer-outermost pages without padding: each wrong adapter fails only where its cause applies."""
+    for adapter in ("KVInLastDimAdapter", "UnpaddedPageAdapter"):
+        report = _report(f"conformance.connectors.examples:{adapter}", [case])
+        assert report.ok, report.format()
