@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reference.config import CONNECTORS, LAYER_KINDS, MAX_BLOCKS, MAX_BYTES, MAX_HEAD_SIZE, MAX_HEADS, MAX_TOKENS
+from reference.config import CONNECTORS, LAYER_KINDS, MAMBA_CACHE_MODES, MAX_BLOCKS, MAX_BYTES, MAX_HEAD_SIZE, MAX_HEADS, MAX_TOKENS
 from reference.dtypes import CACHE_DTYPES, MODEL_DTYPE_NAMES
 
 SCHEMA_ID = "https://kvconform.dev/schemas/case/1"
@@ -90,6 +90,7 @@ def case_schema() -> dict[str, Any]:
             "decode_context_parallel_size": {"type": "integer", "minimum": 1},
             "disable_hybrid_kv_cache_manager": {"type": "boolean"},
             "mamba_block_size": _int(1, MAX_TOKENS, optional=True),
+            "mamba_cache_mode": {"enum": list(MAMBA_CACHE_MODES)},
             "generation": {"enum": [1, 2]},
             "vllm_version": _text(),
             "note": {"type": "string"},

@@ -25,6 +25,8 @@ LAYER_KINDS = (
     "mamba",
 )
 CONNECTORS = ("nixl", "mooncake", "offloading", "lmcache")
+MAMBA_CACHE_MODES = ("none", "align")
+"""``CacheConfig.mamba_cache_mode`` values (vllm/config/cache.py ``MambaCacheMode``)."""
 RUNNERS = ("mrv1", "mrv2")
 
 MAX_TOKENS = 1 << 24
@@ -152,6 +154,9 @@ class CaseConfig:
     """``--disable-hybrid-kv-cache-manager`` (vLLM's default for chunked local attention and for
     connectors without HMA support): local-attention layers are allocated as full attention."""
     mamba_block_size: int | None = None
+    mamba_cache_mode: str = "none"
+    """``--mamba-cache-mode``: ``none`` keeps one state block per request; ``align`` (prefix
+    caching of Mamba state) keeps a state block per ``mamba_block_size`` tokens."""
     generation: int = 2
     """1: vLLM 0.19 to 0.28 (per-backend shapes, see reference.legacy); 2: 0.30 and later (KVCacheLayout)."""
     vllm_version: str = "0.33.0"
@@ -189,6 +194,8 @@ class CaseConfig:
             raise ConfigError(
                 f"disable_hybrid_kv_cache_manager {self.disable_hybrid_kv_cache_manager!r} must be true or false"
             )
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ConfigError(f"mamba_cache_mode {self.mamba_cache_mode!r} is not one of {', '.join(MAMBA_CACHE_MODES)}")
         if self.generation not in (1, 2):
             raise ConfigError(f"generation {self.generation!r} must be 1 (vLLM < 0.30) or 2 (vLLM >= 0.30)")
 

@@ -235,6 +235,7 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             dtypes=layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes),
             mamba_type=backend.name.removesuffix("_ATTN"),
             is_draft=layer.is_draft,
+            mamba_cache_mode=case.mamba_cache_mode,
         )
     kind = _KIND[layer.kind]
     dtype = storage_dtype(layer.cache_dtype, case.model_dtype)

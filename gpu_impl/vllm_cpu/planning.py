@@ -199,7 +199,7 @@ def _configure(case) -> Iterator[Any]:
     cc.mamba_block_size = case.mamba_block_size or case.max_model_len
     cc.mamba_page_size_padded = None
     cc.skip_page_size_padded = None
-    cc.mamba_cache_mode = "none"
+    cc.mamba_cache_mode = case.mamba_cache_mode
     # The model-wide --kv-cache-dtype: what the target attention layers use.
     cc.cache_dtype = next((l.cache_dtype for l in case.layers if not l.is_draft and l.kind != "mamba"), "auto")
     # vLLM's defaults for a generative model: block hashing for prefix caching on.

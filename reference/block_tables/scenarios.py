@@ -172,7 +172,7 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
     and align MRv2's width to 128 tokens; a sliding window keeps
     ``sliding_window - 1`` tokens below a step readable (``num_retained_tokens``;
     MRv2 nulls the entries below it); Mamba state is one replicated block per request
-    with no MRv1 slot mapping. The kernel block size of group ``g`` is
+    with no MRv1 slot mapping (one per ``mamba_block_size`` tokens in ``align`` mode). The kernel block size of group ``g`` is
     ``kernel_block_sizes[g]``. A string says why no schedule fits the case.
     """
     from reference.specs import MambaSpec, SpecKind, first_layer_spec
@@ -186,7 +186,9 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
         spec = first_layer_spec(group.spec)
         B = group.spec.block_size
         if isinstance(spec, MambaSpec):
-            out.append({"kind": "mamba", "block_size": B, "max_num_blocks": 1})
+            # One state block per request, or per block of tokens in "align" mode (a row as wide
+            # as the attention rows: MambaSpec.max_num_blocks_per_req).
+            out.append({"kind": "mamba", "block_size": B, "max_num_blocks": spec.max_num_blocks_per_req(case.max_model_len)})
             continue
         if spec.kind not in scheduled:
             # Cross-attention and encoder-only tables are sized by encoder inputs.

@@ -95,12 +95,18 @@ def test_accepted_layouts_move_their_blocks(runner):
     assert len(reads) == 8 and {n for _, n in reads} == {128 * 256 * 2}
 
 
-def test_kernel_split_and_sd_conv_state_are_refused():
+def test_kernel_split_and_sd_conv_state_are_refused(monkeypatch, request):
     """H4: the standardized 4-D path wants shape[2] == the spec's block (num_states), so a
     kernel-split view is refused at registration, naming the layer and its shape; a Mamba
-    model needs the DS conv-state layout."""
+    model needs the DS conv-state layout (vLLM's default is SD)."""
     from suites.named_cases import get_case
     from vllm.distributed.kv_transfer.kv_connector.v1.moriio.moriio_common import MoRIIOError
+    from vllm.model_executor.layers.mamba.mamba_utils import get_conv_state_layout
+
+    # The default layout, whatever an earlier caller of the per-process cache saw.
+    monkeypatch.delenv("VLLM_SSM_CONV_STATE_LAYOUT", raising=False)
+    get_conv_state_layout.cache_clear()
+    request.addfinalizer(get_conv_state_layout.cache_clear)
 
     for name in ("flashinfer-b128-k64", "flashinfer-b128-k64-hnd"):
         for runner in ("mrv1", "mrv2"):
