@@ -32,7 +32,7 @@ def _split_case():
     blocks are registered as pairs of 64-token kernel blocks."""
     from reference.config import CaseConfig, uniform_layers
 
-    layers = uniform_layers(2, num_kv_heads=2, head_size=64, backend="FLASHINFER")
+    layers = uniform_layers(2, num_kv_heads=1, head_size=64, backend="FLASHINFER")  # one 128-element row per token
     return CaseConfig("tiny-flashinfer-b128-k64", layers, block_size=128, num_blocks=4, layout="LBNHC")
 
 
