@@ -262,6 +262,14 @@ def _build() -> dict[str, CaseConfig]:
             mamba_cache_mode="align",
             note="Mamba prefix caching (--mamba-cache-mode align): a state block per 16 tokens, padded to the attention page.",
         ),
+        CaseConfig(
+            "mamba2-hybrid-conv-split",
+            _attention_and_mamba(num_kv_heads=2, mamba_layers=2, mamba_shapes=((160, 3), (4, 32, 16))),
+            block_size=16,
+            num_blocks=16,
+            note="Mamba2 state as a real mixer has it: conv state (conv_dim 160 = x 128 + 2 x B/C 16, 3 rows) "
+            "and SSM state (4 heads x 32 x 16), which NIXL/MoRIIO's conv split decomposes (DS layout).",
+        ),
         CaseConfig("flashinfer-b128-k64-one-layer", _qwen3_like(1, backend="FLASHINFER"), block_size=128, num_blocks=4,
                    note="A single FlashInfer layer at block 128 split into 64-token kernel blocks: the one-region kernel split."),
         CaseConfig("rocm-attn-b16", _qwen3_like(backend="ROCM_ATTN"), block_size=16, num_blocks=8,

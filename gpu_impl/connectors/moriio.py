@@ -13,9 +13,13 @@ What runs real (vLLM's own code, unchanged):
   sent, its own ``_moriio_handshake`` decodes and registers it;
 - the READ transfer planning: ``_read_blocks`` (block-id payload per group, sessions per
   registered region via ``_get_built_session``, ``_compute_read_attention_offsets`` ->
-  ``moriio_layout.compute_block_transfer_offsets`` + ``merge_contiguous_blocks`` +
+  ``moriio_layout.compute_block_transfer_offsets``, or ``compute_head_slice_offsets`` where a
+  block is not one dense run (LHBNC), + ``merge_contiguous_blocks`` +
   ``_apply_layer_mr_offsets`` for attention layers, ``_compute_mamba_transfer_offsets``
   for KDA layers) down to ``MoRIIOWrapper.read_remote_data``, which posts the RDMA reads.
+
+vLLM's ``moriio_connector.py`` imports ``msgpack`` (not a dependency of vLLM's CPU install):
+without it the adapter is ``Undrivable``.
 
 What is faked (hardware, or a service), and why:
 
@@ -27,7 +31,8 @@ What is faked (hardware, or a service), and why:
   size)`` and, with a copy engine attached, moves it through ``engine.copy``;
 - ZMQ (the handshake sockets) -> in-process sockets handing the listener's frames to the
   dialling side; the listener *thread* and the notify thread are not started;
-- the TP rank and world (0 of 1), the world group, the open-port lookup, the host IP;
+- the TP rank and world (0 of 1), the world group, the open-port lookup (the host IP and
+  ports are set in the extra config);
 - the attention-backend lookup in ``__init__`` (only its name is advertised) -> the case's
   backend class.
 
@@ -319,8 +324,12 @@ class MoRIIOAdapter:
 
     def register(self, kv_caches: Mapping[str, Any]) -> None:
         from vllm.config import KVTransferConfig
-        from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_connector as mc
-        from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_engine as me
+
+        try:
+            from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_connector as mc
+            from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_engine as me
+        except ImportError as exc:  # msgpack: a dependency of MoRIIO's, not of vLLM's CPU install
+            raise Undrivable(f"vLLM's MoRIIO modules do not import here: {exc}") from exc
 
         advertised = self.advertised
 

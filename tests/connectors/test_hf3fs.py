@@ -92,3 +92,18 @@ def test_hf3fs_across_runners():
         refused = [r for r in report.results if r.case == case]
         assert {r.runner for r in refused} == {"mrv1", "mrv2"}
         assert all(r.status == "refusal" and UNIFORM in r.detail and RAISED_AT in r.detail for r in refused), refused
+
+
+def test_without_the_interpreter_it_is_undrivable(monkeypatch):
+    """The kernels only run on CPU in the Triton interpreter: without it, unsupported (why)."""
+    from conformance.connectors.validate import build_kv_caches, make_context
+    from gpu_impl.connectors import Undrivable
+    from gpu_impl.connectors.hf3fs import HF3FSAdapter, interpreter_problem
+    from reference.derive import derive
+    from suites.named_cases import get_case
+
+    assert interpreter_problem() is None  # this process: set before vLLM was imported
+    monkeypatch.delenv("TRITON_INTERPRET")
+    d = derive(get_case("tiny-uniform-lbnhc"))
+    with pytest.raises(Undrivable, match="TRITON_INTERPRET=1 and CUDA_VISIBLE_DEVICES=''"):
+        HF3FSAdapter(make_context(d)).register(build_kv_caches(d)[1])
