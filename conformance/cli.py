@@ -495,6 +495,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _check_writable(target, flag)
     if (args.connector is None) == (not args.all):
         raise UsageError("check: give exactly one of --connector MODULE:NAME or --all")
+    import os
+    import sys
+
+    if "torch" not in sys.modules:
+        # Connectors whose copy kernels are Triton (HF3FS) run them in the interpreter; it must
+        # be chosen before triton is imported. Nothing else `check` runs uses a GPU.
+        for name, value in (("TRITON_INTERPRET", "1"), ("CUDA_VISIBLE_DEVICES", "")):
+            os.environ.setdefault(name, value)
     if importlib.util.find_spec("torch") is None:
         raise NothingRan("`kvconform check` builds real CPU tensors for the connector and needs torch (CPU is enough)")
     from conformance.connectors.validate import load_connector, validate_registration

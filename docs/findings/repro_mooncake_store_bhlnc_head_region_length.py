@@ -7,7 +7,8 @@ Run on CPU, no GPU and no Mooncake install needed:
     python repro_mooncake_store_bhlnc_head_region_length.py
 
 Imports only vllm, torch and the standard library. Exits 1 while the bug is
-present, 0 once the planned buffers cover exactly the bytes of the block.
+present, 0 once the planned buffers cover exactly the bytes of the block (or once
+registration refuses these caches with a clear error).
 
 What runs for real (vLLM's own code):
   * config/planning: VllmConfig, resolve_kv_cache_layout (VLLM_KV_CACHE_LAYOUT=BHLNC,
@@ -147,6 +148,13 @@ def owned_runs(view: torch.Tensor, pool_base: int):
     return merge(runs)
 
 
+def runs_of(offsets: torch.Tensor):
+    """Sorted byte offsets -> merged (start, end) intervals."""
+    breaks = (offsets[1:] != offsets[:-1] + 1).nonzero().flatten() + 1
+    bounds = [0, *breaks.tolist(), len(offsets)]
+    return [(int(offsets[a]), int(offsets[b - 1]) + 1) for a, b in zip(bounds, bounds[1:])]
+
+
 def fmt(runs, limit=3):
     shown = " ".join(f"[{s}, {e})" for s, e in runs[:limit])
     return shown + (f" +{len(runs) - limit} more" if len(runs) > limit else "")
@@ -183,7 +191,11 @@ def run_config(name: str, block_size: int, num_blocks: int, dtype: torch.dtype) 
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             store.register_buffer(storage.data_ptr(), storage.nbytes())
-    db.store_layout.register_kv_caches(cache_tensors, n_blocks)  # data.py ~268 (the bug)
+    try:
+        db.store_layout.register_kv_caches(cache_tensors, n_blocks)  # data.py ~268 (the bug)
+    except (ValueError, NotImplementedError) as exc:  # a clear refusal also counts as fixed
+        print(f"== {name}: register_kv_caches refused the BHLNC caches: {exc}")
+        return False
 
     c0 = cache_tensors[0]
     pool_base, pool_len = c0.untyped_storage().data_ptr(), c0.untyped_storage().nbytes()
@@ -212,7 +224,7 @@ def run_config(name: str, block_size: int, num_blocks: int, dtype: torch.dtype) 
             req_id=f"req-{block_id}",
             token_len_chunk=block_size,
             block_ids=([block_id],),
-            block_hashes=[BlockHash(block_hash)] * (block_size // hash_blk),
+            block_hashes=[block_hash] * (block_size // hash_blk),
             load_spec=LoadSpec(vllm_cached_tokens=0, kvpool_cached_tokens=block_size, can_load=True,
                                token_len=block_size),
         )
@@ -224,17 +236,22 @@ def run_config(name: str, block_size: int, num_blocks: int, dtype: torch.dtype) 
         planned_runs = merge((a - pool_base, a - pool_base + n) for a, n in planned)
         planned_bytes = sum(n for _, n in planned)
         past_end = max(0, max(e for _, e in planned_runs) - pool_len)
-        written = raw.nonzero().flatten()
-        outside = [int(o) for o in written.tolist() if not any(s <= o < e for s, e in owned)]
+        stray = raw != 0
+        for s, e in owned:
+            stray[s:e] = False
+        outside = stray.nonzero().flatten()
         print(f"   block {block_id}: owns {owned_bytes} bytes at {fmt(owned)}")
         print(f"            planned {len(planned)} buffers, {planned_bytes} bytes, covering {fmt(planned_runs)}"
               + (f"; runs {past_end} bytes past the end of the pool" if past_end else ""))
         if len(store.refused) > refused_before:
             print(f"            load refused by the fake store: {len(store.refused) - refused_before} buffers "
                   "outside the registered KV pool")
-        elif outside:
-            other = merge((o, o + 1) for o in outside)
-            print(f"            load wrote {len(outside)} bytes outside block {block_id}: {fmt(other)}")
+        elif len(outside):
+            other = runs_of(outside)
+            row = c0.stride(0) * el
+            hit = sorted({o // row for o in (other[0][0], other[-1][1] - 1)})
+            print(f"            load wrote {len(outside)} bytes outside block {block_id}, into block(s) "
+                  f"{', '.join(map(str, hit))}: {fmt(other)}")
         ok = planned_runs == owned and planned_bytes == owned_bytes and not past_end
         buggy |= not ok
     return buggy

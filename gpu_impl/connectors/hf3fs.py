@@ -61,6 +61,9 @@ _MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.hf3fs"
 _HELPER = f"{_MODULE}.utils.gather_scatter_helper"
 INTERPRETER_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 """Set before triton/vLLM are imported for the gather/scatter kernels to run on CPU."""
+MAX_INTERPRETED_POOL_BYTES = 512 << 10
+"""Pools the Triton interpreter gathers and scatters here: it moves about a MiB in tens of
+seconds, so larger pools (the 4 MiB named cases) would take minutes each."""
 MAX_LAYERS = 127
 """Layers the descriptor probe tells apart (one positive int8 marker per layer)."""
 
@@ -274,6 +277,10 @@ class HF3FSAdapter:
         problem = interpreter_problem()
         if problem is not None:
             raise Undrivable(problem)
+        pool = next(iter(kv_caches.values())).untyped_storage().nbytes()
+        if pool > MAX_INTERPRETED_POOL_BYTES:
+            raise Undrivable(f"the {pool}-byte pool is over the {MAX_INTERPRETED_POOL_BYTES} bytes HF3FS's Triton "
+                             "kernels are run on in the interpreter (minutes per MiB; a GPU runs them compiled)")
         from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.hf3fs import hf3fs_connector as hf

@@ -4,7 +4,6 @@ validate_registration and the round trip. Skips with a reason where vLLM (or tor
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 
 import pytest
@@ -19,14 +18,6 @@ OFFLOADING = "gpu_impl.connectors.offloading:OffloadingAdapter"
 RUNNERS = ("mrv1", "mrv2")
 
 
-def _with_offloading(name: str):
-    """The named case as served with ``--kv-transfer-config OffloadingConnector`` (vLLM then
-    resolves the connector's LBHNC unless the case forces a layout)."""
-    from suites.named_cases import get_case
-
-    return dataclasses.replace(get_case(name), name=f"{name}+offloading", connector="offloading")
-
-
 def test_offloading_named_cases_both_runners():
     """Every named case on both runners' own registrations: what passes (descriptors and the
     round trip through the connector's own store/load), what it refuses, what it moves wrongly."""
@@ -34,29 +25,24 @@ def test_offloading_named_cases_both_runners():
 
     named = ["nixl-dense-fa", "flashinfer-b128-k64-hnd", "dense-fa-b128-lbhnc", "dense-fa-b128-blhnc", "mla-gqa-draft-b64",
              "swa-hybrid-padded", "mamba-hybrid", "fp8-fa-b16", "cpu-attn-b32", "b12x-two-slots", "dense-fa-b128-lhbnc"]
-    variants = [_with_offloading(n) for n in ("swa-hybrid-padded", "fp8-fa-b16")]
-    report = validate_registration(OFFLOADING, cases=named + variants, runners=RUNNERS)
+    report = validate_registration(OFFLOADING, cases=named, runners=RUNNERS)
     got = {(r.case, r.runner): r for r in report.results}
     assert {runner for _, runner in got} == set(RUNNERS), report.format()
 
     def status(case: str) -> set[str]:
         return {got[case, runner].status for runner in RUNNERS}
 
-    # LBHNC (the required layout), a forced BLHNC row (packed path), a forced LBNHC (env wins
-    # over the connector; pages stay block-contiguous), a 128 -> 64 kernel split (grouped back
-    # by group_kernel_blocks), CPU_ATTN planes, and SWA pages padded inside aliased rows.
+    # LBHNC (the required layout: each case runs with the connector configured, so vLLM
+    # resolves it where the case forces none), a forced BLHNC row (packed path), a forced
+    # LBNHC (env wins over the connector; pages stay block-contiguous), a 128 -> 64 kernel
+    # split (grouped back by group_kernel_blocks), CPU_ATTN planes, and SWA pages padded
+    # inside aliased rows.
     passing = ["nixl-dense-fa", "flashinfer-b128-k64-hnd", "dense-fa-b128-lbhnc", "dense-fa-b128-blhnc", "mla-gqa-draft-b64",
-               "cpu-attn-b32", "swa-hybrid-padded+offloading", "fp8-fa-b16+offloading"]
+               "cpu-attn-b32", "swa-hybrid-padded", "fp8-fa-b16"]
     for case in passing:
         assert status(case) == {"pass"}, report.format()
         assert {got[case, r].round_trip for r in RUNNERS} == {"pass"}, report.format()
-
-    # Resolved LBNHC without a connector; with OffloadingConnector vLLM resolves LBHNC, so
-    # these tensors are not what the connector would be handed.
-    for case in ("swa-hybrid-padded", "fp8-fa-b16"):
-        assert status(case) == {"unsupported"}, report.format()
-        for runner in RUNNERS:
-            assert "resolves layout LBHNC" in got[case, runner].detail and "tensors are LBNHC" in got[case, runner].detail
+        assert {got[case, r].tensors for r in RUNNERS} == {"vllm"}
 
     # The connector's own config check refuses in its constructor, before the layout matters
     # (so in LBHNC too): tokens_per_hash is the Mamba group's 4096-token block (max_model_len:
@@ -79,6 +65,9 @@ def test_offloading_named_cases_both_runners():
               if d.layer == "model.layers.1.self_attn.attn" and d.field == "descriptors"]
     assert layer1 and all(d.observed.startswith("65536 bytes at pool offsets [0, 65536)") for d in layer1), report.format()
     assert {got["dense-fa-b128-lhbnc", r].round_trip for r in RUNNERS} == {"fail"}
+    # A suspected upstream bug, cited by a shipped expectation: reported, not failing the check.
+    assert {got["dense-fa-b128-lhbnc", r].expected_by for r in RUNNERS} == {"offloading-lhbnc-packed-row-misdetection"}
+    assert report.ok
 
 
 def _registered(name: str, runner: str = "mrv1"):
