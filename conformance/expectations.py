@@ -46,6 +46,9 @@ from reference.layout import LAYOUT_ALIASES as _LAYOUT_ALIASES
 from reference.layout import LAYOUT_NAMES as _LAYOUTS
 
 DEFAULT_PATH = Path(__file__).with_name("expectations.toml")
+RUN_KINDS = tuple(k for k in KINDS if k != "connector_copy_plan")
+"""What ``kvconform run`` can diverge in: everything but the connector checks' copy plans
+(``kvconform check``), whose entries a run therefore never reports unused."""
 SCHEMA = 1
 RUNNERS = ("mrv1", "mrv2", RUNNER_PAIR)
 _TOP_KEYS = ("schema", "expectation")
@@ -466,12 +469,14 @@ def classify(
     divergences: Iterable[Divergence],
     env: Environment | Mapping[str, Any] | None,
     expectations: Sequence[Expectation] | None = None,
+    kinds: Iterable[str] | None = None,
 ) -> Classification:
     """Split divergences into expected and unexpected; list entries that matched nothing.
 
     ``expectations`` defaults to the shipped file. An entry is in force when its ``vllm``
-    range holds for ``env``'s version; it can be unused only if it is in force and (when
-    ``env`` names the cases that ran) its ``case`` glob matches one of them.
+    range holds for ``env``'s version; it can be unused only if it is in force, of one of
+    ``kinds`` (the divergence kinds the check can produce; default: all) and (when ``env``
+    names the cases that ran) its ``case`` glob matches one of them.
     """
     entries = load() if expectations is None else tuple(expectations)
     environment = _environment(env)
@@ -488,10 +493,12 @@ def classify(
             expected.append(Match(divergence, entry))
             used.add(entry.id)
     ran = list(environment.cases)
+    checked = None if kinds is None else frozenset(kinds)
     unused = tuple(
         e
         for e in active
         if e.id not in used
+        and (checked is None or e.kind in checked)
         and (not ran or any(fnmatchcase(name, e.case) and e.scoped_to(environment.cases[name]) for name in ran))
     )
     return Classification(tuple(expected), tuple(unexpected), unused)

@@ -636,13 +636,13 @@ def check_runners_agree(
     command) otherwise. Returns the expected mismatches."""
     __tracebackhide__ = True
     from conformance.diff import compare_runners
-    from conformance.expectations import Environment, case_facts, classify
+    from conformance.expectations import RUN_KINDS, Environment, case_facts, classify
 
     mismatches = compare_runners(case, mrv1, mrv2)
     if not mismatches:
         return ()
     env = Environment(_vllm_version(), {case.name: case_facts(case, (mrv1, mrv2))})
-    verdict = classify(mismatches, env)
+    verdict = classify(mismatches, env, kinds=RUN_KINDS)
     if verdict.unexpected:
         lines = [f"case {case.name}: MRv1 and MRv2 differ beyond conformance/expectations.toml"]
         lines += [f"  {d.message}" for d in verdict.unexpected]

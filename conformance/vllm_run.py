@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from conformance.diff import Divergence, compare, compare_runners
-from conformance.expectations import Classification, Environment, Expectation, case_facts, classify
+from conformance.expectations import RUN_KINDS, Classification, Environment, Expectation, case_facts, classify
 from conformance.replay import replay_command
 from conformance.report_formats import pair_status, write_report_atomically
 from conformance.schedules import DEFAULT_SCHEDULES, SchedulePlan, plan_schedules, schedule_summary
@@ -306,7 +306,7 @@ def _run_against_vllm(
         save_partial(force=True)
         raise
     bar.close()
-    verdict = classify(everything, Environment(env["vllm"], facts), expectations)
+    verdict = classify(everything, Environment(env["vllm"], facts), expectations, kinds=RUN_KINDS)
     final = report(complete=True, verdict=verdict)
     if json_target == "-":
         print(json.dumps(final, indent=2, sort_keys=True, default=str))

@@ -255,6 +255,11 @@ class MooncakeStoreAdapter:
         if sizes != {self.worker.block_size}:
             # A request position would be a different block id in each group.
             raise Undrivable(f"store groups have block sizes {sorted(sizes)}: the adapter drives one-block requests")
+        if getattr(self.ctx.case, "mamba_cache_mode", "none") == "align":
+            # Align mode stores Mamba state at request boundaries (its boundary puts), which a
+            # one-block request does not reach: the loads would be judged on states never put.
+            raise Undrivable("mamba_cache_mode='align': the adapter drives one-block requests, not the Mamba "
+                             "boundary puts align mode stores state with")
         self.caches = dict(kv_caches)
         self.group_of = {name: g for g, group in enumerate(self.worker._kv_cache_groups) for name in group.layer_names}
 
