@@ -277,10 +277,6 @@ class HF3FSAdapter:
         problem = interpreter_problem()
         if problem is not None:
             raise Undrivable(problem)
-        pool = next(iter(kv_caches.values())).untyped_storage().nbytes()
-        if pool > MAX_INTERPRETED_POOL_BYTES:
-            raise Undrivable(f"the {pool}-byte pool is over the {MAX_INTERPRETED_POOL_BYTES} bytes HF3FS's Triton "
-                             "kernels are run on in the interpreter (minutes per MiB; a GPU runs them compiled)")
         from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.hf3fs import hf3fs_connector as hf
@@ -317,6 +313,12 @@ class HF3FSAdapter:
             stack.enter_context(mock.patch.object(hf.signal, "signal", lambda *a, **k: None))
             conn = hf.HF3FSKVConnector(vc, KVConnectorRole.WORKER, kcc)
             conn.register_kv_caches(dict(kv_caches))
+        # After the connector's own registration (its refusals come first): the transfers run
+        # its Triton kernels in the interpreter, which bounds the pool.
+        pool = next(iter(kv_caches.values())).untyped_storage().nbytes()
+        if pool > MAX_INTERPRETED_POOL_BYTES:
+            raise Undrivable(f"the {pool}-byte pool is over the {MAX_INTERPRETED_POOL_BYTES} bytes HF3FS's Triton "
+                             "kernels are run on in the interpreter (minutes per MiB; a GPU runs them compiled)")
         self.conn = conn
         self.caches = dict(kv_caches)
         manager = conn._async_manager

@@ -329,6 +329,12 @@ def _mrv2_runner(case, vc, device):
     # for cross-attention modules in it).
     model = nn.Module()
     model.layers = nn.ModuleList([fc[l.name] for l in case.layers if isinstance(fc.get(l.name), nn.Module)])
+    if any(l.kind == "mamba" for l in case.layers):
+        # A hybrid model's class answers which functions copy its Mamba state (align mode):
+        # the Mamba2 model's own (vllm/model_executor/models/mamba2.py).
+        from vllm.model_executor.models.mamba2 import Mamba2ForCausalLM
+
+        model.get_mamba_state_copy_funcs = Mamba2ForCausalLM.get_mamba_state_copy_funcs
     r = _stand_in(
         GPUModelRunner,
         vllm_config=vc,

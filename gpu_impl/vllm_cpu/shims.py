@@ -274,10 +274,26 @@ def _patch_device_properties() -> None:
     _applied.append(f"torch.cuda.get_device_properties -> the virtual GPU (the case's capability, {VIRTUAL_SM_COUNT} SMs)")
 
 
+_PAGE = 4096
+
+
+def _page_aligned_zeros(nbytes: int):
+    """A zeroed int8 host tensor of exactly ``nbytes`` whose first byte is page-aligned, as a
+    device allocator's large allocations are (a connector registering the pool as one RDMA
+    region, MoRIIO, needs it; ``torch.zeros`` on CPU aligns to 64 bytes only)."""
+    import mmap
+
+    import torch
+
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.int8)
+
+
 @functools.lru_cache(maxsize=None)
 def _on_meta_mode(all_devices: bool, target: str = "meta"):
     """The TorchFunctionMode class (made once: importing this module must not import torch)."""
     from torch.overrides import TorchFunctionMode
+
+    import torch
 
     class CudaOnMeta(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -286,7 +302,14 @@ def _on_meta_mode(all_devices: bool, target: str = "meta"):
             if device is not None and (all_devices or str(device).startswith("cuda")):
                 kwargs["device"] = target
                 kwargs.pop("pin_memory", None)
+                if target == "cpu" and _is_kv_pool(func, args, kwargs):
+                    return _page_aligned_zeros(args[0])
             return func(*args, **kwargs)
+
+    def _is_kv_pool(func, args, kwargs) -> bool:
+        # allocate_kv_cache's one backing allocation: torch.zeros(size, dtype=torch.int8, device=...)
+        return (func is torch.zeros and kwargs.get("dtype") is torch.int8 and len(args) == 1
+                and isinstance(args[0], int) and args[0] >= _PAGE and set(kwargs) <= {"dtype", "device"})
 
     return CudaOnMeta
 

@@ -153,3 +153,17 @@ def test_plain_cpu_pool_is_unsupported_after_the_geometry_checks():
     report = validate_registration(MORIIO, cases=["flashinfer-b128-k64"], runners=("mrv1", "mrv2"))
     assert [r.status for r in report.results] == ["refusal", "refusal"], report.format()
     assert all("moriio/moriio_layout.py:318" in r.detail for r in report.results), report.format()
+
+
+def test_moriio_on_the_tensors_vllm_registers():
+    """Through the runners' own registration (the pool page-aligned, as a device allocator's
+    large allocations are): descriptors and the round trip through MoRIIO's own READ pass on
+    a dense and a per-head-segmented case, and the kernel split is refused at registration."""
+    from conformance.connectors import validate_registration
+
+    report = validate_registration(MORIIO, cases=["nixl-dense-fa", "dense-fa-b128-lhbnc", "flashinfer-b128-k64"], runners=("mrv1",))
+    got = {r.case: r for r in report.results}
+    for case in ("nixl-dense-fa", "dense-fa-b128-lhbnc"):
+        assert got[case].status == "pass" and got[case].round_trip == "pass" and got[case].tensors == "vllm", report.format()
+    assert got["flashinfer-b128-k64"].status == "refusal", report.format()
+    assert "moriio_layout.py" in got["flashinfer-b128-k64"].detail

@@ -70,6 +70,12 @@ def test_schedules_through_both_runners_match_the_reference(case_name: str) -> N
         if obs.unsupported or obs.error:
             continue  # judged by compare() as a refusal; nothing was scheduled
         summary = schedule_summary(plan, obs)
+        if obs.fidelity == "shared":
+            # The runner's own initialize_kv_cache could not be driven on CPU (MRv2's Mamba
+            # "align" state context needs CUDA): no block tables of its own to schedule
+            # through, and the report says why.
+            assert summary["run"] == 0 and "not driven" in summary["not_run"], (runner, summary)
+            continue
         assert summary["run"] == SCHEDULES, (runner, summary)
     schedule_kinds = {d.kind for c in comparisons.values() for d in c.divergences} & {"block_table", "slot_mapping"}
     assert not schedule_kinds, _explain(case_name, comparisons)
