@@ -698,6 +698,9 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:
+    from conformance import interrupts
+
+    interrupts.request(signum)  # also acted on between cases: a raise inside a __del__ is lost
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -708,6 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # with the report written as far as it got ("complete": false).
     if _in_main_thread():
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        signal.signal(signal.SIGINT, _terminate_as_interrupt)
     from gpu_impl.vllm_api import NotDrivable  # no vLLM import: a few standard modules
 
     parser = build_parser()

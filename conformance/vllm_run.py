@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from conformance.diff import Divergence, compare, compare_runners
 from conformance.expectations import RUN_KINDS, Classification, Environment, Expectation, case_facts, classify
 from conformance.replay import replay_command
+from conformance import interrupts
 from conformance.report_formats import pair_status, write_report_atomically
 from conformance.schedules import DEFAULT_SCHEDULES, SchedulePlan, plan_schedules, schedule_summary
 from reference.backends import VLLM_VERSION
@@ -295,6 +296,7 @@ def _run_against_vllm(
             cell[same] = cell.get(same, 0) + 1
             results.append(result)
             save_partial()
+            interrupts.raise_if_requested()
             if not quiet:
                 statuses = " ".join(f"{runner}:{r['status']}" for runner, r in runners.items())
                 known = ", expected" if diffs and same == "expected" else ""
