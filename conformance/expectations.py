@@ -87,7 +87,7 @@ def release(version: str) -> tuple[int, ...]:
     ``"0.33.0"`` -> ``(0, 33)``; ``"0.33.1.dev12+g1a2b"`` -> ``(0, 33, 1)``. Raises
     ValueError when the text does not start with a version number.
     """
-    from reference.legacy import parse_version  # the one version parser
+    from reference.gen1 import parse_version  # the one version parser
 
     try:
         return _strip(parse_version(version.strip()))
@@ -379,7 +379,7 @@ class CaseFacts:
     backends: frozenset[str] = frozenset()
     """Every backend a layer of the case runs under (either runner)."""
     layouts: frozenset[str] = frozenset()
-    """The requested layout (legacy names resolved) and the layouts vLLM resolved."""
+    """The requested layout (generation-1 names resolved) and the layouts vLLM resolved."""
     options: frozenset[str] = frozenset()
     """The ``OPTION_NAMES`` the case sets."""
 

@@ -76,11 +76,11 @@ def _block_lines(d, block_id: int, addresses: str) -> list[str]:
     return lines
 
 
-def explain_legacy(d, block_id: int = 1) -> str:
-    """``explain`` for a generation-1 derivation (``reference.legacy.LegacyDerivation``)."""
+def explain_gen1(d, block_id: int = 1) -> str:
+    """``explain`` for a generation-1 derivation (``reference.gen1.Gen1Derivation``)."""
     case = d.case
     block_id = min(block_id, d.num_blocks - 1)
-    lines = [f"case {case.name}  (reference.legacy for vLLM {case.vllm_version}, generation 1, runner {d.runner})"]
+    lines = [f"case {case.name}  (reference.gen1 for vLLM {case.vllm_version}, generation 1, runner {d.runner})"]
     if case.note:
         lines.append(f"  {case.note}")
     lines += [

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from reference.legacy import check_gen1_version
+from reference.gen1 import check_gen1_version
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = "kvconform.release-history/1"
@@ -39,7 +39,7 @@ def release_cases(version: str) -> list[Any]:
     from reference.errors import ConfigError, NotModeledError
 
     try:
-        check_gen1_version(version)  # reference.legacy's own range of generation-1 releases
+        check_gen1_version(version)  # reference.gen1's own range of generation-1 releases
     except (ConfigError, NotModeledError):
         pass
     else:

@@ -44,8 +44,8 @@ def derivation_summary(d: Derivation) -> dict[str, Any]:
     }
 
 
-def legacy_summary(d: Any) -> dict[str, Any]:
-    """A generation-1 derivation (``reference.legacy``), JSON-ready."""
+def gen1_summary(d: Any) -> dict[str, Any]:
+    """A generation-1 derivation (``reference.gen1``), JSON-ready."""
     return {
         "generation": 1,
         "layout": d.layout,
@@ -62,9 +62,9 @@ def legacy_summary(d: Any) -> dict[str, Any]:
 
 def _derive_any(case: CaseConfig, runner: str) -> Any:
     if case.generation == 1:
-        from reference.legacy import derive_legacy
+        from reference.gen1 import derive_gen1
 
-        return derive_legacy(case, runner)
+        return derive_gen1(case, runner)
     return derive(case, runner)
 
 
@@ -72,7 +72,7 @@ def reference_outcome(case: CaseConfig, runner: str) -> dict[str, Any]:
     """Derive one runner, turning predicted vLLM refusals into data instead of exceptions."""
     try:
         d = _derive_any(case, runner)
-        return {"status": "ok", **(legacy_summary(d) if case.generation == 1 else derivation_summary(d))}
+        return {"status": "ok", **(gen1_summary(d) if case.generation == 1 else derivation_summary(d))}
     except StartupError as exc:
         return {"status": "vllm_refuses", "error": exc.vllm_message, "where": exc.where}
     except NotModeledError as exc:

@@ -87,7 +87,7 @@ class Variant:
 
 
 @dataclass(frozen=True)
-class LegacyLayout:
+class Gen1Layout:
     """Generation 1 (vLLM < 0.30): ``get_kv_cache_shape`` and ``get_kv_cache_stride_order``."""
 
     shape: str
@@ -96,9 +96,9 @@ class LegacyLayout:
     stride_order_hnd: tuple[int, ...]
 
 
-_FA_LEGACY = LegacyLayout("2BNHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
-_FI_LEGACY = LegacyLayout("B2NHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
-_MLA_LEGACY = LegacyLayout("BND", (0, 1, 2), (0, 1, 2))
+_FA_GEN1 = Gen1Layout("2BNHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
+_FI_GEN1 = Gen1Layout("B2NHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
+_MLA_GEN1 = Gen1Layout("BND", (0, 1, 2), (0, 1, 2))
 
 _DEFAULT_KV = ("auto", "float16", "bfloat16")
 _FP8 = ("fp8", "fp8_e4m3")
@@ -118,7 +118,7 @@ class BackendInfo:
     is_mla: bool = False
     is_ssm: bool = False
     variants: tuple[Variant, ...] = ()
-    legacy: LegacyLayout | None = None
+    gen1: Gen1Layout | None = None
     require_block_multiple_of_16: bool = False
     """``customize_spec`` raises "Block size must be a multiple of 16." (ROCM_AITER_FA)."""
     returns_lse_for_decode: bool = False
@@ -190,7 +190,7 @@ BACKENDS: dict[str, BackendInfo] = {
                     note="FA4's head-256 kernel pages 128 tokens (fa_utils.FA4_HD256_PAGE_SIZE)",
                 ),
             ),
-            legacy=_FA_LEGACY,
+            gen1=_FA_GEN1,
             supports_cross_attention=True,
         ),
         BackendInfo(
@@ -209,7 +209,7 @@ BACKENDS: dict[str, BackendInfo] = {
                 ),
                 Variant(capability_majors=(10,), layouts=(LBHNC, BLHNC), note="SM10x"),
             ),
-            legacy=_FI_LEGACY,
+            gen1=_FI_GEN1,
         ),
         BackendInfo(
             "TRITON_ATTN",
@@ -219,7 +219,7 @@ BACKENDS: dict[str, BackendInfo] = {
             kv_cache_dtypes=_DEFAULT_KV
             + _FP8
             + ("fp8_e5m2", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"),
-            legacy=_FI_LEGACY,
+            gen1=_FI_GEN1,
             supports_cross_attention=True,
         ),
         BackendInfo(
@@ -227,7 +227,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "v1/attention/backends/flex_attention.py",
             (MultipleOf(16),),
             layouts=(LBNHC,),
-            legacy=_FA_LEGACY,
+            gen1=_FA_GEN1,
             power_of_two_builder_blocks=True,
         ),
         BackendInfo(
@@ -283,7 +283,7 @@ BACKENDS: dict[str, BackendInfo] = {
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
             is_mla=True,
-            legacy=_MLA_LEGACY,
+            gen1=_MLA_GEN1,
         ),
         BackendInfo(
             "FLASHMLA",
@@ -293,7 +293,7 @@ BACKENDS: dict[str, BackendInfo] = {
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
             is_mla=True,
-            legacy=_MLA_LEGACY,
+            gen1=_MLA_GEN1,
         ),
         BackendInfo(
             "FLASH_ATTN_MLA",
@@ -302,7 +302,7 @@ BACKENDS: dict[str, BackendInfo] = {
             head_sizes=HeadSizes(values=(320, 512, 576)),
             packing=Packing.MLA_LATENT,
             is_mla=True,
-            legacy=_MLA_LEGACY,
+            gen1=_MLA_GEN1,
             runs_on=((9,), "FlashAttnMLA is not supported on this device"),
         ),
         BackendInfo(
@@ -313,7 +313,7 @@ BACKENDS: dict[str, BackendInfo] = {
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
             is_mla=True,
-            legacy=_MLA_LEGACY,
+            gen1=_MLA_GEN1,
         ),
         BackendInfo(
             "FLASHINFER_MLA",
@@ -323,7 +323,7 @@ BACKENDS: dict[str, BackendInfo] = {
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
             is_mla=True,
-            legacy=_MLA_LEGACY,
+            gen1=_MLA_GEN1,
         ),
         BackendInfo(
             "TOKENSPEED_MLA",

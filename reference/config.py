@@ -158,7 +158,7 @@ class CaseConfig:
     """``--mamba-cache-mode``: ``none`` keeps one state block per request; ``align`` (prefix
     caching of Mamba state) keeps a state block per ``mamba_block_size`` tokens."""
     generation: int = 2
-    """1: vLLM 0.19 to 0.28 (per-backend shapes, see reference.legacy); 2: 0.30 and later (KVCacheLayout)."""
+    """1: vLLM 0.19 to 0.28 (per-backend shapes, see reference.gen1); 2: 0.30 and later (KVCacheLayout)."""
     vllm_version: str = "0.33.0"
     note: str = field(default="", compare=False)
 

@@ -471,7 +471,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if runner not in ("mrv1", "mrv2"):
         raise ConfigError(f"runner {runner!r} is not one of mrv1, mrv2")
     if case.generation != 2:
-        raise NotModeledError("generation-1 cases are derived by reference.legacy, not reference.derive")
+        raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
     specs, backends = _customized_specs(case, runner)
     layout = _resolve_layout(case, specs, backends)

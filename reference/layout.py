@@ -79,22 +79,22 @@ DEFAULT_PREFERENCE = (
     KVCacheLayout.BHLNC,
     KVCacheLayout.LHBNC,
 )
-_LEGACY_NAMES = {"NHD": KVCacheLayout.LBNHC, "HND": KVCacheLayout.LBHNC}
+_GEN1_NAMES = {"NHD": KVCacheLayout.LBNHC, "HND": KVCacheLayout.LBHNC}
 
 LAYOUT_NAMES: tuple[str, ...] = tuple(m.name for m in KVCacheLayout)
 """Every ``KVCacheLayout`` name, in vLLM's order: the one list of layout names."""
-LAYOUT_ALIASES: dict[str, str] = {alias: layout.name for alias, layout in _LEGACY_NAMES.items()}
+LAYOUT_ALIASES: dict[str, str] = {alias: layout.name for alias, layout in _GEN1_NAMES.items()}
 """FlashInfer-era names ``VLLM_KV_CACHE_LAYOUT`` still accepts, and the layout each means."""
 
 
 def layout_from_name(name: str) -> KVCacheLayout:
     """``"NHD"`` / ``"LBNHC"`` -> ``KVCacheLayout``; one-line error for anything else."""
-    if name in _LEGACY_NAMES:
-        return _LEGACY_NAMES[name]
+    if name in _GEN1_NAMES:
+        return _GEN1_NAMES[name]
     try:
         return KVCacheLayout[name]
     except KeyError:
-        valid = ", ".join([m.name for m in KVCacheLayout] + list(_LEGACY_NAMES))
+        valid = ", ".join([m.name for m in KVCacheLayout] + list(_GEN1_NAMES))
         raise ConfigError(f"KV cache layout {name!r} is not one of {valid}") from None
 
 

@@ -1,7 +1,7 @@
 """The vLLM releases the reference has facts for, and the facts that differ between them.
 
-- Generation 1, vLLM 0.19 to 0.28 (per-backend ``get_kv_cache_shape``): ``reference.legacy``,
-  with its per-release eras (``LEGACY_LAYOUT_OVERRIDES``, ``LEGACY_KERNEL_BLOCK_SIZES``).
+- Generation 1, vLLM 0.19 to 0.28 (per-backend ``get_kv_cache_shape``): ``reference.gen1``,
+  with its per-release eras (``GEN1_LAYOUT_OVERRIDES``, ``GEN1_KERNEL_BLOCK_SIZES``).
 - Generation 2 (``KVCacheLayout``): ``reference.derive`` models vLLM 0.33.0. vLLM 0.32.x was
   run through the same drivers (``kvconform run`` in ``scripts/release_env.sh 0.32.0``'s
   venv: every named case, both runners, their own code) and differs only where this module
@@ -48,7 +48,7 @@ GEN2_DIFFERENCES: tuple[ReleaseFact, ...] = (MRV2_SLIDING_WINDOW_REACH,)
 
 def parse_release(text: str) -> Version:
     """``"0.32.1.dev3+cpu"`` -> ``(0, 32, 1)``."""
-    from reference.legacy import parse_version
+    from reference.gen1 import parse_version
 
     return parse_version(text)
 

@@ -15,7 +15,7 @@ What the worker did is read off it: its block size after ``__init__`` (0.20 on:
 ``_sync_block_size_with_kernel``), ``num_blocks``, ``block_len_per_layer``, the base
 addresses and lengths it registered, or the exception ``register_kv_caches`` raised and the
 line that raised it (0.19.1: ``assert self.block_size == kernel_block_size``, #39596).
-Nothing here predicts; ``reference.legacy.mooncake_registration`` does.
+Nothing here predicts; ``reference.gen1.mooncake_registration`` does.
 """
 
 from __future__ import annotations

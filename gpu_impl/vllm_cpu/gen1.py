@@ -22,7 +22,7 @@ For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
 
 What each runner registered is read off the tensors. ``VLLM_KV_CACHE_LAYOUT`` (NHD/HND)
 comes from the case, as ``get_kv_cache_layout`` reads it (its cache is cleared).
-Nothing here predicts: the reference is ``reference.legacy``.
+Nothing here predicts: the reference is ``reference.gen1``.
 """
 
 from __future__ import annotations

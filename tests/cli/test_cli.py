@@ -291,7 +291,7 @@ def test_argument_errors_are_one_line(args: list[str], message: str) -> None:
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-def test_a_generation_1_case_is_explained_and_reported_through_reference_legacy(tmp_path: Path) -> None:
+def test_a_generation_1_case_is_explained_and_reported_through_reference_gen1(tmp_path: Path) -> None:
     """No vLLM needed: explain and run --reference-only take a generation-1 case (vLLM 0.21 to 0.28)."""
     from suites.release_cases import gen1_cases
 
@@ -300,7 +300,7 @@ def test_a_generation_1_case_is_explained_and_reported_through_reference_legacy(
     path.write_text(case.to_json())
     out = kvconform("explain", str(path), "--runner", "mrv2")
     assert out.returncode == 0, out.stderr
-    assert "reference.legacy for vLLM 0.21.0" in out.stdout and "(10, 2, 128, 8, 128)" in out.stdout  # #42846's shape
+    assert "reference.gen1 for vLLM 0.21.0" in out.stdout and "(10, 2, 128, 8, 128)" in out.stdout  # #42846's shape
     out = kvconform("run", "--reference-only", "--case", str(path), "--json", str(tmp_path / "r.json"))
     assert out.returncode == 0, out.stderr
     (result,) = json.loads((tmp_path / "r.json").read_text())["results"]

@@ -1,7 +1,7 @@
 """Observe, never supply: the drivers under ``gpu_impl/`` read the case description from
 ``reference/`` (``reference.config``, ``reference.errors``) and nothing else of it.
 
-An import of ``reference.derive``, views, planning, block tables or legacy from a driver
+An import of ``reference.derive``, views, planning, block tables or gen1 from a driver
 would let a prediction leak into what is reported as observed (as the draft's attention
 backend once did through ``reference.derive.layer_backend``).
 """

@@ -77,7 +77,7 @@ def test_full_entry_parses() -> None:
         case="flashinfer-*",
         field="kernel_block_sizes",
         backend="FLASHINFER",
-        layout="LBNHC",  # the legacy NHD name, resolved
+        layout="LBNHC",  # the generation-1 NHD name, resolved
         runner="mrv2",
         vllm=VersionRange.parse(">=0.33,<0.34"),
     )

@@ -1,5 +1,5 @@
 """The one comparator on generation-1 observations (``conformance.diff`` against
-``reference.legacy``), without vLLM: observations made from the reference itself pass,
+``reference.gen1``), without vLLM: observations made from the reference itself pass,
 and each changed fact lands in its kind."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from conformance.diff import compare, compare_runners
 from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
 from reference.errors import StartupError
-from reference.legacy import derive_legacy
+from reference.gen1 import derive_gen1
 
 from suites.release_cases import gen1_cases
 
@@ -18,7 +18,7 @@ from suites.release_cases import gen1_cases
 def perfect(case, runner: str) -> Observation:
     """What a generation-1 vLLM that behaves exactly as the reference says would show."""
     try:
-        d = derive_legacy(case, runner)
+        d = derive_gen1(case, runner)
     except StartupError as exc:  # vLLM refuses with the predicted message
         return Observation(case.name, runner, error=f"ValueError: {exc.vllm_message}", error_stage="kernel_block_sizes",
                            fidelity="runner_methods")

@@ -1,4 +1,4 @@
-"""The installed release's backend classes against ``reference.legacy``'s facts for that
+"""The installed release's backend classes against ``reference.gen1``'s facts for that
 release: every generation-1 backend the reference models that loads on this machine must
 give the shape, NHD/HND stride orders and kernel block sizes the reference says it gives
 at the installed version (``gpu_impl.vllm_cpu.backend_facts`` reads them off the classes).
@@ -12,10 +12,10 @@ import pytest
 from reference import backends as bk
 from reference.config import CaseConfig, LayerConfig
 from reference.errors import NotModeledError, StartupError
-from reference.legacy import legacy_kernel_block_sizes, legacy_kv_cache_shape, legacy_spec, legacy_stride_order
+from reference.gen1 import gen1_kernel_block_sizes, gen1_kv_cache_shape, gen1_spec, gen1_stride_order
 from installed_release import installed_version
 
-MODELED = tuple(name for name, info in bk.BACKENDS.items() if info.legacy is not None)
+MODELED = tuple(name for name, info in bk.BACKENDS.items() if info.gen1 is not None)
 
 
 @pytest.mark.parametrize("backend", MODELED)
@@ -31,22 +31,22 @@ def test_backend_class_gives_the_reference_facts_of_this_release(backend: str) -
     version = installed_version()
     heads, head_size = (1, PROBE["mla_head_size"]) if mla else (PROBE["num_kv_heads"], PROBE["head_size"])
     try:
-        want_shape = legacy_kv_cache_shape(backend, PROBE["num_blocks"], PROBE["block_size"], heads, head_size,
+        want_shape = gen1_kv_cache_shape(backend, PROBE["num_blocks"], PROBE["block_size"], heads, head_size,
                                            vllm_version=version)
     except NotModeledError as exc:
-        pytest.skip(f"reference.legacy has no facts for {backend} at vLLM {version}: {exc}")
+        pytest.skip(f"reference.gen1 has no facts for {backend} at vLLM {version}: {exc}")
     except StartupError:
         want_shape = None
     assert facts.shape == want_shape, f"vLLM {version} {backend}.get_kv_cache_shape: {facts.shape} (reference: {want_shape})"
     for layout in ("NHD", "HND"):
         got = facts.stride_order[layout] or tuple(range(len(want_shape or facts.shape or ())))  # no order: identity
-        want = legacy_stride_order(backend, layout, vllm_version=version)
+        want = gen1_stride_order(backend, layout, vllm_version=version)
         assert got == want, f"vLLM {version} {backend} stride order under {layout}: {got} (reference: {want})"
     if facts.kernel_block_sizes is not None:
         case = CaseConfig(name="facts", layers=(LayerConfig("l0", kind="mla" if mla else "full", backend=backend,
                                                             num_kv_heads=heads, head_size=head_size),),
                           block_size=PROBE["block_size"], generation=1, vllm_version=version)
-        want_kernel = tuple(str(size_repr(s)) for s in legacy_kernel_block_sizes(backend, legacy_spec(case, case.layers[0], backend),
+        want_kernel = tuple(str(size_repr(s)) for s in gen1_kernel_block_sizes(backend, gen1_spec(case, case.layers[0], backend),
                                                                           case.capability, version))
         assert facts.kernel_block_sizes == want_kernel, (
             f"vLLM {version} {backend}.get_supported_kernel_block_sizes: {facts.kernel_block_sizes} (reference: {want_kernel})")

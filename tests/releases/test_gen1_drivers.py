@@ -1,5 +1,5 @@
 """Both runners of a generation-1 vLLM (0.19 to 0.28) through their own allocate/reshape
-code (``gpu_impl.vllm_cpu.gen1``) against ``reference.legacy``, and against each other:
+code (``gpu_impl.vllm_cpu.gen1``) against ``reference.gen1``, and against each other:
 vLLM #42846 (MRv2 registering logical blocks where the kernel's are smaller: FlashInfer
 and FlashMLA at block 128) must show before 0.22 (0.19.1 to 0.21.x) as an MRv1/MRv2 mismatch of exactly
 the layers the reference predicts, and nowhere on 0.22 and later."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.diff import compare, compare_runners
-from reference.legacy import MRV2_KERNEL_BLOCKS_SINCE, mrv1_mrv2_differences, parse_version
+from reference.gen1 import MRV2_KERNEL_BLOCKS_SINCE, mrv1_mrv2_differences, parse_version
 from installed_release import installed_version, release_cases
 
 
@@ -23,7 +23,7 @@ def test_each_runner_conforms_and_only_42846_splits_them(case) -> None:
         result = compare(case, runner, observation)
         assert result.status == "pass", [d.message for d in result.divergences] or result.detail
     mismatches = compare_runners(case, observations["mrv1"], observations["mrv2"])
-    # Where reference.legacy says the runners register differently (the #42846 split: on
+    # Where reference.gen1 says the runners register differently (the #42846 split: on
     # 0.21 MRv2 reshapes with the logical block size wherever the kernel's is smaller).
     predicted = {line.split(":", 1)[0] for line in mrv1_mrv2_differences(case)}
     assert {d.field.rsplit(".", 1)[0] for d in mismatches} == predicted, [d.message for d in mismatches]

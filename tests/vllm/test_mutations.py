@@ -538,7 +538,7 @@ def test_every_kind_has_a_mutation() -> None:
     from test_runner_schedules import SCHEDULE_MUTATION_KINDS  # the block-table meta-tests
 
     covered = set().union(*(m.kinds for m in MUTATIONS)) | {"mrv1_mrv2_mismatch", "connector_kernel_block_size"}
-    covered |= {"connector_copy_plan"}  # a connector's planning: tests/connectors/test_gen1_mooncake.py
+    covered |= {"connector_copy_plan"}  # a connector's planning: tests/connectors/test_mooncake_gen1.py
     covered |= SCHEDULE_MUTATION_KINDS
     assert covered == set(KINDS) - set(ENGINE_ONLY_KINDS)
 

@@ -1,4 +1,4 @@
-"""The generation-1 Mooncake verdict (``conformance.connectors.gen1_mooncake.judge``) without
+"""The generation-1 Mooncake verdict (``conformance.connectors.mooncake_gen1.judge``) without
 vLLM: observations built from the reference's own bytes pass; the #39596 assert is a
 predicted refusal; planning logical block ids as kernel block ids is a failure that names
 the kernel-block cause; accepting what the reference says is refused is a failure."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from conformance.connectors.gen1_mooncake import judge
+from conformance.connectors.mooncake_gen1 import judge
 from gpu_impl.connectors.mooncake_gen1 import LayerTensor, MooncakeRegistration
-from reference.legacy import derive_legacy, merged_runs, mooncake_block_size
+from reference.gen1 import derive_gen1, merged_runs, mooncake_block_size
 from suites.release_cases import gen1_cases
 
 POOL = 1 << 30
@@ -23,7 +23,7 @@ def _case(name: str, version: str):
 def _registration(case, runner: str, *, logical_as_kernel: bool = False) -> MooncakeRegistration:
     """What a Mooncake worker that plans exactly the reference's bytes would show; with
     ``logical_as_kernel`` one that takes logical block b for kernel block b (vLLM #46334's class)."""
-    d = derive_legacy(case, runner)
+    d = derive_gen1(case, runner)
     layers, transfers = [], {}
     for i, (name, view) in enumerate(d.registered.items()):
         nbytes = d.kv_cache_tensors[d.tensor_index(name)].size
@@ -84,7 +84,7 @@ def test_a_copy_outside_every_tensor_is_its_own_finding() -> None:
 
 
 def test_a_failure_an_expectation_cites_is_known_and_others_are_not() -> None:
-    from conformance.connectors.gen1_mooncake import known_failures
+    from conformance.connectors.mooncake_gen1 import known_failures
     from conformance.expectations import loads
 
     case = _case("gen1-flashinfer-b128", "0.22.0")

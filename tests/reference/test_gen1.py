@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from reference.config import CaseConfig, LayerConfig, uniform_layers
 from reference.errors import ConfigError, NotModeledError, StartupError
-from reference.legacy import (
-    derive_legacy,
-    legacy_kv_cache_shape,
-    legacy_stride_order,
+from reference.gen1 import (
+    derive_gen1,
+    gen1_kv_cache_shape,
+    gen1_stride_order,
     merged_runs,
-    mooncake_legacy_block_size,
+    mooncake_gen1_block_size,
     mrv1_mrv2_differences,
     parse_version,
     permuted_view_strides,
@@ -54,7 +54,7 @@ def test_golden_42846_flashinfer_block_128_kernel_64() -> None:
     # 128 -> kernel 64. MRv1 calls get_kv_cache_shape(N*128//64, 64, H, D) = (2N, 2, 64, 8, 128);
     # MRv2 in 0.21 calls it with (N, 128, H, D) = (N, 2, 128, 8, 128). N = 10 here.
     case = gen1("qwen3-fi-128", uniform_layers(2, **QWEN3), block_size=128)
-    v1, v2 = derive_legacy(case, "mrv1"), derive_legacy(case, "mrv2")
+    v1, v2 = derive_gen1(case, "mrv1"), derive_gen1(case, "mrv2")
     for name in v1.registered:
         a, b = v1.registered[name], v2.registered[name]
         assert a.shape == (20, 2, 64, 8, 128)
@@ -72,19 +72,19 @@ def test_golden_42846_flashinfer_block_128_kernel_64() -> None:
 
     fixed = case.with_(vllm_version="0.22.0")  # #42766: MRv2 takes kernel_block_sizes
     assert mrv1_mrv2_differences(fixed) == []
-    assert derive_legacy(fixed, "mrv2").registered == derive_legacy(fixed, "mrv1").registered
-    assert derive_legacy(fixed, "mrv2").registered[case.layers[0].name].shape == (20, 2, 64, 8, 128)
+    assert derive_gen1(fixed, "mrv2").registered == derive_gen1(fixed, "mrv1").registered
+    assert derive_gen1(fixed, "mrv2").registered[case.layers[0].name].shape == (20, 2, 64, 8, 128)
 
 
 def test_golden_flash_attn_2bnhd_nhd_and_hnd_strides() -> None:
     # FlashAttentionBackend.get_kv_cache_shape = (2, N, B, H, D) = (2, 10, 16, 4, 64);
     # stride order NHD (0,1,2,3,4), HND (0,1,3,2,4) (flash_attn.py get_kv_cache_stride_order).
     case = gen1("fa", uniform_layers(1, backend="FLASH_ATTN", num_kv_heads=4, head_size=64), block_size=16)
-    nhd = only_view(derive_legacy(case.with_(layout="NHD")))
+    nhd = only_view(derive_gen1(case.with_(layout="NHD")))
     assert nhd.shape == (2, 10, 16, 4, 64)
     # contiguous: D 1, H 64, N 4*64, B 16*256, K/V 10*4096
     assert nhd.stride == (40960, 4096, 256, 64, 1)
-    hnd = only_view(derive_legacy(case.with_(layout="HND")))
+    hnd = only_view(derive_gen1(case.with_(layout="HND")))
     assert hnd.shape == (2, 10, 16, 4, 64)  # permuted back: same logical shape
     # physical (2, 10, 4, 16, 64) is contiguous: D 1, N 64, H 16*64, B 4*1024, K/V 40960;
     # logical N (dim 2) is physical dim 3, logical H (dim 3) physical dim 2.
@@ -96,7 +96,7 @@ def test_golden_flash_attn_block_bytes_live_in_two_planes() -> None:
     # = 16*4*64*2 = 8192 bytes. Block 3: K [3*8192, 4*8192), V 81920 later.
     case = gen1("fa", uniform_layers(1, backend="FLASH_ATTN", num_kv_heads=4, head_size=64), block_size=16)
     for layout in ("NHD", "HND"):  # HND permutes inside the block; the block stays contiguous
-        d = derive_legacy(case.with_(layout=layout))
+        d = derive_gen1(case.with_(layout=layout))
         bb = d.block_bytes(case.layers[0].name, 3)
         assert merged_runs([bb.k]) == ((24576, 32768),)
         assert merged_runs([bb.v]) == ((106496, 114688),)
@@ -106,25 +106,25 @@ def test_golden_flash_attn_block_bytes_live_in_two_planes() -> None:
 def test_golden_mla_bnd_with_and_without_kernel_split() -> None:
     # MLA get_kv_cache_shape = (N, B, 576); bf16 contiguous strides (B*576, 576, 1).
     mla = dict(kind="mla", backend="FLASHMLA", head_size=576)
-    d = derive_legacy(gen1("ds", uniform_layers(1, **mla), block_size=64))
+    d = derive_gen1(gen1("ds", uniform_layers(1, **mla), block_size=64))
     assert only_view(d).shape == (10, 64, 576)
     assert only_view(d).stride == (36864, 576, 1)  # 64*576
     # FlashMLA declares [64]: block 128 splits 2x in MRv1 -> (20, 64, 576); MRv2@0.21 keeps 128.
     case = gen1("ds128", uniform_layers(1, **mla), block_size=128)
-    assert only_view(derive_legacy(case, "mrv1")).shape == (20, 64, 576)
-    assert only_view(derive_legacy(case, "mrv2")).shape == (10, 128, 576)
-    assert only_view(derive_legacy(case, "mrv2")).stride == (73728, 576, 1)  # 128*576
+    assert only_view(derive_gen1(case, "mrv1")).shape == (20, 64, 576)
+    assert only_view(derive_gen1(case, "mrv2")).shape == (10, 128, 576)
+    assert only_view(derive_gen1(case, "mrv2")).stride == (73728, 576, 1)  # 128*576
 
 
 def test_golden_flash_attn_blocks_first_from_0_23() -> None:
-    # LEGACY_LAYOUT_OVERRIDES: FA moved to (N, 2, B, H, D) in 0.23 (vLLM #42095, FlexKV#187).
+    # GEN1_LAYOUT_OVERRIDES: FA moved to (N, 2, B, H, D) in 0.23 (vLLM #42095, FlexKV#187).
     # (10, 2, 16, 4, 64) contiguous: D 1, H 64, N 256, K/V 16*256, B 2*4096.
     case = gen1("fa23", uniform_layers(1, backend="FLASH_ATTN", num_kv_heads=4, head_size=64),
                 block_size=16, vllm_version="0.23.0")
-    v = only_view(derive_legacy(case))
+    v = only_view(derive_gen1(case))
     assert v.shape == (10, 2, 16, 4, 64)
     assert v.stride == (8192, 4096, 256, 64, 1)
-    assert legacy_kv_cache_shape("FLASH_ATTN", 10, 16, 4, 64, vllm_version="0.22.0") == (2, 10, 16, 4, 64)
+    assert gen1_kv_cache_shape("FLASH_ATTN", 10, 16, 4, 64, vllm_version="0.22.0") == (2, 10, 16, 4, 64)
 
 
 def test_golden_packed_0_28_and_the_mooncake_heuristic_reads_heads() -> None:
@@ -132,11 +132,11 @@ def test_golden_packed_0_28_and_the_mooncake_heuristic_reads_heads() -> None:
     # so C 1, H 128, N 4*128, B 16*512 (kvcached#493; a 0.28 connector's notes).
     case = gen1("fi28", uniform_layers(1, backend="FLASHINFER", num_kv_heads=4, head_size=64),
                 block_size=16, vllm_version="0.28.0")
-    d = derive_legacy(case)
+    d = derive_gen1(case)
     v = only_view(d)
     assert v.shape == (10, 4, 16, 128)
     assert v.stride == (8192, 128, 512, 1)
-    assert mooncake_legacy_block_size(v, use_mla=False) == 4  # H, not the block size 16
+    assert mooncake_gen1_block_size(v, use_mla=False) == 4  # H, not the block size 16
     # K of block 3 = the first 64 elements (128 bytes) of every (token, head) entry.
     bb = d.block_bytes(case.layers[0].name, 3)
     assert bb.k.start == 3 * 16384 and bb.k.run == 128 and bb.k.count == 64
@@ -154,12 +154,12 @@ def test_golden_mooncake_heuristic_mixed_mla_and_gqa_draft() -> None:
     )
     case = gen1("ds-eagle", layers, block_size=128, num_blocks=4)
     assert use_mla(case)
-    d = derive_legacy(case, "mrv1")
+    d = derive_gen1(case, "mrv1")
     assert d.kernel_block_sizes == (64,)
     # gen-1 uniform-type placement: one tensor per layer, sized by its own page.
     assert [t.shared_by for t in d.kv_cache_tensors] == [(n.name,) for n in layers]
     assert [t.size for t in d.kv_cache_tensors] == [128 * 576 * 2 * 4] * 2 + [2 * 128 * 8 * 128 * 2 * 4]
-    reads = {n: mooncake_legacy_block_size(v, use_mla(case)) for n, v in d.registered.items()}
+    reads = {n: mooncake_gen1_block_size(v, use_mla(case)) for n, v in d.registered.items()}
     assert reads[layers[0].name] == reads[layers[1].name] == 64  # MLA (8, 64, 576): N, right
     assert reads[layers[2].name] == 8  # draft (8, 2, 64, 8, 128): H, wrong
     assert d.registered[layers[2].name].shape == (8, 2, 64, 8, 128)
@@ -170,11 +170,11 @@ def test_golden_mooncake_heuristic_vs_kernel_block_by_layout_and_runner() -> Non
     # kernel block in MRv1, but the logical block in MRv2@0.21 (the #42846 class).
     fi = gen1("fi", uniform_layers(1, **QWEN3), block_size=128)
     fa = gen1("fa", uniform_layers(1, backend="FLASH_ATTN", num_kv_heads=8, head_size=128), block_size=128)
-    assert mooncake_legacy_block_size(only_view(derive_legacy(fi, "mrv1")), False) == 64
-    assert mooncake_legacy_block_size(only_view(derive_legacy(fi, "mrv2")), False) == 128  # != kernel 64
+    assert mooncake_gen1_block_size(only_view(derive_gen1(fi, "mrv1")), False) == 64
+    assert mooncake_gen1_block_size(only_view(derive_gen1(fi, "mrv2")), False) == 128  # != kernel 64
     # FA accepts MultipleOf(16): no split, so both runners agree on (2, 10, 128, 8, 128).
-    assert only_view(derive_legacy(fa, "mrv1")).shape == (2, 10, 128, 8, 128)
-    assert mooncake_legacy_block_size(only_view(derive_legacy(fa, "mrv2")), False) == 128
+    assert only_view(derive_gen1(fa, "mrv1")).shape == (2, 10, 128, 8, 128)
+    assert mooncake_gen1_block_size(only_view(derive_gen1(fa, "mrv2")), False) == 128
 
 
 def test_golden_hma_tensor_i_shared_by_layer_i_of_every_group() -> None:
@@ -183,7 +183,7 @@ def test_golden_hma_tensor_i_shared_by_layer_i_of_every_group() -> None:
     # page * num_blocks = (2*32*2*64*2) * 4 = 65536 bytes.
     geo = dict(backend="FLASH_ATTN", num_kv_heads=2, head_size=64)
     layers = uniform_layers(2, **geo) + uniform_layers(2, start=2, kind="chunked_local", attention_chunk_size=256, **geo)
-    d = derive_legacy(gen1("l4", layers, block_size=32, num_blocks=4))
+    d = derive_gen1(gen1("l4", layers, block_size=32, num_blocks=4))
     names = [layer.name for layer in layers]
     assert [g.layer_names for g in d.groups] == [tuple(names[:2]), tuple(names[2:])]
     assert [(t.size, t.shared_by) for t in d.kv_cache_tensors] == [
@@ -200,7 +200,7 @@ def test_golden_42846_same_page_bytes_but_k_moves() -> None:
     # b*524288 in both runners, but MRv1 stores [K64|V64][K64|V64] and MRv2@0.21 [K128|V128].
     case = gen1("qwen3-fi-128", uniform_layers(1, **QWEN3), block_size=128)
     name = case.layers[0].name
-    a, b = derive_legacy(case, "mrv1").block_bytes(name, 3), derive_legacy(case, "mrv2").block_bytes(name, 3)
+    a, b = derive_gen1(case, "mrv1").block_bytes(name, 3), derive_gen1(case, "mrv2").block_bytes(name, 3)
     start = 3 * 524288
     assert merged_runs([a.page]) == merged_runs([b.page]) == ((start, start + 524288),)
     assert merged_runs([a.k]) == ((start, start + 131072), (start + 262144, start + 393216))
@@ -211,29 +211,29 @@ def test_golden_42846_same_page_bytes_but_k_moves() -> None:
 
 
 def test_stride_orders_per_backend_and_overrides() -> None:
-    assert legacy_stride_order("FLASHINFER", "HND") == (0, 1, 3, 2, 4)
-    assert legacy_stride_order("TRITON_ATTN", "HND") == (0, 1, 3, 2, 4)  # after #37940
-    assert legacy_stride_order("FLASHMLA", "HND") == (0, 1, 2)
+    assert gen1_stride_order("FLASHINFER", "HND") == (0, 1, 3, 2, 4)
+    assert gen1_stride_order("TRITON_ATTN", "HND") == (0, 1, 3, 2, 4)  # after #37940
+    assert gen1_stride_order("FLASHMLA", "HND") == (0, 1, 2)
     # Override: Flex had no get_kv_cache_stride_order, so HND fell back to the identity.
-    assert legacy_stride_order("FLEX_ATTENTION", "HND") == (0, 1, 2, 3, 4)
-    assert legacy_stride_order("FLASH_ATTN", "NHD", vllm_version="0.28.0") == (0, 2, 1, 3)
+    assert gen1_stride_order("FLEX_ATTENTION", "HND") == (0, 1, 2, 3, 4)
+    assert gen1_stride_order("FLASH_ATTN", "NHD", vllm_version="0.28.0") == (0, 2, 1, 3)
     # Observed on 0.19.1: Triton's HND order is still the identity (#37940 is in 0.20.0).
-    assert legacy_stride_order("TRITON_ATTN", "HND", vllm_version="0.19.1") == (0, 1, 2, 3, 4)
-    assert legacy_stride_order("TRITON_ATTN", "HND", vllm_version="0.20.0") == (0, 1, 3, 2, 4)
+    assert gen1_stride_order("TRITON_ATTN", "HND", vllm_version="0.19.1") == (0, 1, 2, 3, 4)
+    assert gen1_stride_order("TRITON_ATTN", "HND", vllm_version="0.20.0") == (0, 1, 3, 2, 4)
 
 
 def test_flex_kernel_block_sizes_per_release() -> None:
     """Multiples of 1 on 0.19/0.20 (block 8 starts), of 16 from 0.21 (MRv1 refuses block 8;
     MRv2 before 0.22 never asks, so the runners differ in outcome)."""
     case = gen1("flex", [LayerConfig("l0", backend="FLEX_ATTENTION")], block_size=8, vllm_version="0.20.0")
-    assert derive_legacy(case, "mrv1").kernel_block_sizes == (8,)
+    assert derive_gen1(case, "mrv1").kernel_block_sizes == (8,)
     later = case.with_(vllm_version="0.21.0")
     with pytest.raises(StartupError, match="No common block size for 8"):
-        derive_legacy(later, "mrv1")
-    assert derive_legacy(later, "mrv2").kernel_block_sizes == (8,)
+        derive_gen1(later, "mrv1")
+    assert derive_gen1(later, "mrv2").kernel_block_sizes == (8,)
     assert mrv1_mrv2_differences(later) and mrv1_mrv2_differences(later)[0].startswith("error: MRv1 refuses")
     with pytest.raises(StartupError):
-        derive_legacy(later.with_(vllm_version="0.22.0"), "mrv2")
+        derive_gen1(later.with_(vllm_version="0.22.0"), "mrv2")
     assert mrv1_mrv2_differences(later.with_(vllm_version="0.22.0")) == []
 
 
@@ -248,33 +248,33 @@ def test_permuted_view_strides_uses_the_inverse_order() -> None:
 
 def test_unverified_versions_are_refused_not_guessed() -> None:
     # Read off 0.25.0 and 0.26.0's backend classes: packing (#44455) arrived in 0.26.
-    assert legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.25.0") == (4, 2, 16, 2, 64)
-    assert legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.26.0") == (4, 2, 16, 128)
-    assert legacy_kv_cache_shape("TRITON_MLA", 4, 16, 1, 576, vllm_version="0.27.0") == (4, 16, 576)
+    assert gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.25.0") == (4, 2, 16, 2, 64)
+    assert gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.26.0") == (4, 2, 16, 128)
+    assert gen1_kv_cache_shape("TRITON_MLA", 4, 16, 1, 576, vllm_version="0.27.0") == (4, 16, 576)
     with pytest.raises(NotModeledError):
-        legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.29.0")
+        gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.29.0")
     with pytest.raises(ConfigError):
-        legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.33.0")
+        gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.33.0")
     assert parse_version("0.22.1rc1.dev116+g71df063c4") == (0, 22, 1)
     assert parse_version("v0.28") == (0, 28, 0)
     with pytest.raises(NotModeledError, match="older than 0.19.0"):
-        legacy_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.18.1")
+        gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.18.1")
 
 
 def test_flash_attn_block_size_not_multiple_of_16() -> None:
     case = gen1("fa8", uniform_layers(1, backend="FLASH_ATTN"), block_size=8)
     with pytest.raises(StartupError, match="No common block size for 8"):
-        derive_legacy(case, "mrv1")
+        derive_gen1(case, "mrv1")
     with pytest.raises(StartupError, match="multiple of 16"):
-        derive_legacy(case, "mrv2")  # 0.21 MRv2 goes straight to get_kv_cache_shape
+        derive_gen1(case, "mrv2")  # 0.21 MRv2 goes straight to get_kv_cache_shape
 
 
 def test_nixl_defaults_to_hnd_unless_mla() -> None:
     gqa = gen1("g", uniform_layers(1, backend="FLASH_ATTN"), connector="nixl")
-    assert derive_legacy(gqa).layout == "HND"
-    assert derive_legacy(gqa.with_(layout="NHD")).layout == "NHD"  # the env var wins
+    assert derive_gen1(gqa).layout == "HND"
+    assert derive_gen1(gqa.with_(layout="NHD")).layout == "NHD"  # the env var wins
     mla = gen1("m", uniform_layers(1, kind="mla", backend="TRITON_MLA", head_size=576), connector="nixl")
-    assert derive_legacy(mla).layout == "NHD"
+    assert derive_gen1(mla).layout == "NHD"
 
 
 # --- invalid input --------------------------------------------------------------------------
@@ -282,32 +282,32 @@ def test_nixl_defaults_to_hnd_unless_mla() -> None:
 
 def test_unknown_backend_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as e:
-        legacy_kv_cache_shape("NO_SUCH_BACKEND", 4, 16, 2, 64)
+        gen1_kv_cache_shape("NO_SUCH_BACKEND", 4, 16, 2, 64)
     one_line_config_error(e, "NO_SUCH_BACKEND", "expected")
 
 
-def test_backend_without_legacy_shape_is_a_config_error() -> None:
+def test_backend_without_gen1_shape_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as e:
-        legacy_stride_order("CPU_ATTN", "NHD")
+        gen1_stride_order("CPU_ATTN", "NHD")
     one_line_config_error(e, "CPU_ATTN", "FLASH_ATTN")
     with pytest.raises(ConfigError) as e:
-        derive_legacy(gen1("cpu", uniform_layers(1, backend="CPU_ATTN")))
+        derive_gen1(gen1("cpu", uniform_layers(1, backend="CPU_ATTN")))
     one_line_config_error(e, "CPU_ATTN")
 
 
 def test_layout_other_than_nhd_or_hnd_is_a_config_error() -> None:
     with pytest.raises(ConfigError) as e:
-        legacy_stride_order("FLASH_ATTN", "LBHNC")
+        gen1_stride_order("FLASH_ATTN", "LBHNC")
     one_line_config_error(e, "LBHNC", "NHD or HND")
     with pytest.raises(ConfigError) as e:
-        derive_legacy(gen1("lay", uniform_layers(1, backend="FLASH_ATTN"), layout="LBNHC"))
+        derive_gen1(gen1("lay", uniform_layers(1, backend="FLASH_ATTN"), layout="LBNHC"))
     one_line_config_error(e, "LBNHC", "NHD or HND")
 
 
 def test_generation_2_case_is_a_config_error() -> None:
     case = CaseConfig("g2", uniform_layers(1, backend="FLASH_ATTN"))
     with pytest.raises(ConfigError) as e:
-        derive_legacy(case)
+        derive_gen1(case)
     one_line_config_error(e, "generation 2")
 
 
@@ -352,7 +352,7 @@ def gen1_cases(draw, versions=VERSIONS) -> CaseConfig:
 
 def derive_or_reject(case: CaseConfig, runner: str):
     try:
-        return derive_legacy(case, runner)
+        return derive_gen1(case, runner)
     except (StartupError, NotModeledError):
         assume(False)  # vLLM refuses it, or the release is deliberately not modeled
 

@@ -3,7 +3,7 @@
 Per case and runner, ``gpu_impl.connectors.mooncake_gen1`` runs the release's runner
 registration on real CPU tensors and then that release's ``MooncakeConnectorWorker``:
 ``register_kv_caches`` and its own transfer planning (``_build_transfer_params``) for each
-logical block. ``reference.legacy`` is the judge: whether the worker must refuse
+logical block. ``reference.gen1`` is the judge: whether the worker must refuse
 (``mooncake_refusal``: the pre-#39596 assert), the block size it must work in
 (``mooncake_block_size``) and the bytes of every logical block (``block_bytes``).
 
@@ -74,7 +74,7 @@ def _cause(case: Any, obs: Any, block: int, got: Sequence[tuple[int, int]], owne
 def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
     """The reference's verdict on one observed Mooncake registration."""
     from reference.errors import NotModeledError, StartupError
-    from reference.legacy import derive_legacy, merged_runs, mooncake_block_size, mooncake_refusal
+    from reference.gen1 import derive_gen1, merged_runs, mooncake_block_size, mooncake_refusal
 
     def result(status: str, detail: str, findings: Sequence[str] = ()) -> Gen1ConnectorResult:
         return Gen1ConnectorResult("mooncake", case.name, runner, status, detail, tuple(findings)[:MAX_FINDINGS],
@@ -83,13 +83,13 @@ def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
     if obs.unsupported:
         return result("unsupported", obs.unsupported)
     try:
-        d = derive_legacy(case, runner)
+        d = derive_gen1(case, runner)
     except StartupError as exc:
         if obs.runner_error:
             return result("unsupported", f"vLLM refuses the case before any connector runs, as the reference predicts ({exc})")
         return result("failure", f"the reference predicts vLLM refuses the case ({exc}), but the runner registered")
     except NotModeledError as exc:
-        return result("unsupported", f"reference.legacy does not model this case: {exc}")
+        return result("unsupported", f"reference.gen1 does not model this case: {exc}")
     if obs.runner_error:
         return result("failure", f"the runner refused ({obs.runner_error}) where the reference predicts it starts")
     predicted = mooncake_refusal(d)

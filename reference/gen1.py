@@ -23,9 +23,9 @@ This module mirrors, for vLLM 0.19.0 to 0.28.x:
   ``kernel_block_sizes`` like MRv1.
 
 The backend table (``reference.backends``) stays the single source of truth for the
-legacy shape family and stride orders. Where research showed a table entry does not
+generation-1 shape family and stride orders. Where research showed a table entry does not
 hold for every generation-1 release, the corrected fact lives in
-``LEGACY_LAYOUT_OVERRIDES`` below, with its source.
+``GEN1_LAYOUT_OVERRIDES`` below, with its source.
 
 Sources read: the stored upstream ``flash_attn.py`` is older than 0.21 but has the
 gen-1 ``(2, N, B, H, D)`` shape and the NHD/HND orders; the stored ``triton_attn.py``
@@ -41,7 +41,7 @@ connectors.md sections 1.4 and 4).
 Byte addresses: gen 1 made one allocation per ``KVCacheTensor``, so every registered
 view has ``storage_offset == 0`` in its own storage. To compare bytes across layers,
 ``BlockBytes`` regions use a virtual address space in which raw tensor *i* starts at
-``LegacyDerivation.tensor_bases[i]`` (the sum of the sizes before it).
+``Gen1Derivation.tensor_bases[i]`` (the sum of the sizes before it).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ GEN1_FIRST: Version = (0, 19, 0)
 """Oldest release this module models. 0.19.1 and 0.20.0 were read with
 ``scripts/probe_backend_facts.py`` (every backend's shape, stride orders and kernel block
 sizes) and checked case by case in their release venvs (``tests/releases``); what differs
-from 0.21 is in ``LEGACY_LAYOUT_OVERRIDES`` and ``LEGACY_KERNEL_BLOCK_SIZES``."""
+from 0.21 is in ``GEN1_LAYOUT_OVERRIDES`` and ``GEN1_KERNEL_BLOCK_SIZES``."""
 GEN1_END: Version = (0, 29, 0)
 """First release that no longer asks backends for shapes. The feasibility notes put the
 refactor at 0.30 but did not check 0.29; a downstream port note (an out-of-tree
@@ -96,20 +96,20 @@ SHAPE_AXES: dict[str, str] = {
 
 
 @dataclass(frozen=True)
-class LegacyEra:
+class Gen1Era:
     """A table override that applies from ``since`` on (until the next era)."""
 
     since: Version
-    layout: bk.LegacyLayout | None
+    layout: bk.Gen1Layout | None
     """None: this range is known to differ but is not established; refuse to guess."""
     source: str
 
 
 _ID5, _HND5 = (0, 1, 2, 3, 4), (0, 1, 3, 2, 4)
-_B2NHD = bk.LegacyLayout("B2NHD", _ID5, _HND5)
+_B2NHD = bk.Gen1Layout("B2NHD", _ID5, _HND5)
 # Packed (B, H, N, 2D): NHD keeps tokens outside heads physically, HND is the identity.
-_PACKED = bk.LegacyLayout("BHNC", (0, 2, 1, 3), (0, 1, 2, 3))
-_PACKED_026 = LegacyEra(
+_PACKED = bk.Gen1Layout("BHNC", (0, 2, 1, 3), (0, 1, 2, 3))
+_PACKED_026 = Gen1Era(
     (0, 26, 0),
     _PACKED,
     "observed on vLLM 0.26.0, 0.27.0 and 0.28.0 (gpu_impl/vllm_cpu/backend_facts.py): vLLM #44455 packed K|V into "
@@ -118,10 +118,10 @@ _PACKED_026 = LegacyEra(
 )
 
 
-LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
+GEN1_LAYOUT_OVERRIDES: dict[str, tuple[Gen1Era, ...]] = {
     # The table's FA entry ("2BNHD") holds only up to 0.22.x.
     "FLASH_ATTN": (
-        LegacyEra(
+        Gen1Era(
             (0, 23, 0),
             _B2NHD,
             "vLLM #42095 (blocks-first layouts); FlexKV#187 ('vLLM 0.23 changed ... from (kv, "
@@ -136,25 +136,25 @@ LEGACY_LAYOUT_OVERRIDES: dict[str, tuple[LegacyEra, ...]] = {
     # before tokens under HND. Observed: 0.19.1 still returns the identity under HND,
     # 0.20.0 on honours it.
     "TRITON_ATTN": (
-        LegacyEra(GEN1_FIRST, bk.LegacyLayout("B2NHD", _ID5, _ID5),
+        Gen1Era(GEN1_FIRST, bk.Gen1Layout("B2NHD", _ID5, _ID5),
                   "observed on vLLM 0.19.1: TritonAttentionBackend.get_kv_cache_stride_order() is the identity under "
                   "HND too (issue #37703, fixed by #37940 in 0.20.0)"),
-        LegacyEra((0, 20, 0), _B2NHD, "observed on vLLM 0.20.0 to 0.25.0: HND puts heads before tokens (#37940)"),
+        Gen1Era((0, 20, 0), _B2NHD, "observed on vLLM 0.20.0 to 0.25.0: HND puts heads before tokens (#37940)"),
         _PACKED_026,
     ),
     # The table gives Flex FA's HND order. Flex had no get_kv_cache_stride_order before
     # 0.23 (observed on 0.19.1 to 0.22.0), so the runner's `except (AttributeError,
     # NotImplementedError)` fallback used the identity for HND too.
     "FLEX_ATTENTION": (
-        LegacyEra(GEN1_FIRST, bk.LegacyLayout("2BNHD", _ID5, _ID5),
+        Gen1Era(GEN1_FIRST, bk.Gen1Layout("2BNHD", _ID5, _ID5),
                   "observed on vLLM 0.19.1 to 0.22.0: get_kv_cache_stride_order raises NotImplementedError (identity)"),
-        LegacyEra((0, 23, 0), bk.LegacyLayout("B2NHD", (0, 2, 1, 3, 4), (0, 2, 1, 3, 4)),
+        Gen1Era((0, 23, 0), bk.Gen1Layout("B2NHD", (0, 2, 1, 3, 4), (0, 2, 1, 3, 4)),
                   "observed on vLLM 0.23.0 to 0.25.0 (gpu_impl/vllm_cpu/backend_facts.py): blocks-first "
                   "(num_blocks, 2, block_size, H, D) with stride order (0, 2, 1, 3, 4) under NHD and HND alike "
                   "(#42095: tokens outside K/V, the layout is ignored)"),
-        LegacyEra(
+        Gen1Era(
             (0, 26, 0),
-            bk.LegacyLayout("BHNC", (0, 2, 1, 3), (0, 2, 1, 3)),
+            bk.Gen1Layout("BHNC", (0, 2, 1, 3), (0, 2, 1, 3)),
             "observed on vLLM 0.26.0 to 0.28.0: packed (num_blocks, H, block_size, 2*D), stride order (0, 2, 1, 3) "
             "whatever the layout (as the stored flex_attention.py of the packed era)",
         ),
@@ -172,7 +172,7 @@ class KernelSizesEra:
     source: str
 
 
-LEGACY_KERNEL_BLOCK_SIZES: dict[str, tuple[KernelSizesEra, ...]] = {
+GEN1_KERNEL_BLOCK_SIZES: dict[str, tuple[KernelSizesEra, ...]] = {
     "FLEX_ATTENTION": (
         KernelSizesEra(GEN1_FIRST, (MultipleOf(1),), "observed on vLLM 0.19.1 and 0.20.0: [MultipleOf(1)]"),
         KernelSizesEra((0, 21, 0), None, "observed on vLLM 0.21.0 and 0.22.0: [MultipleOf(16)], as the table"),
@@ -180,11 +180,11 @@ LEGACY_KERNEL_BLOCK_SIZES: dict[str, tuple[KernelSizesEra, ...]] = {
 }
 
 
-def legacy_kernel_block_sizes(backend_name: str, spec: AttentionSpec, capability: tuple[int, int],
+def gen1_kernel_block_sizes(backend_name: str, spec: AttentionSpec, capability: tuple[int, int],
                               vllm_version: str) -> tuple[KernelBlockSize, ...]:
     """The backend's supported kernel block sizes at ``vllm_version``."""
     version = check_gen1_version(vllm_version)
-    started = [era for era in LEGACY_KERNEL_BLOCK_SIZES.get(backend_name, ()) if version >= era.since]
+    started = [era for era in GEN1_KERNEL_BLOCK_SIZES.get(backend_name, ()) if version >= era.since]
     if started:
         era = max(started, key=lambda e: e.since)
         if era.sizes is not None:
@@ -248,30 +248,30 @@ def check_gen1_version(text: str) -> Version:
 # --- 1. per-backend shape and stride order ----------------------------------------------
 
 
-def legacy_layout(backend_name: str, vllm_version: str = "0.21.0") -> bk.LegacyLayout:
+def gen1_layout(backend_name: str, vllm_version: str = "0.21.0") -> bk.Gen1Layout:
     """The backend's gen-1 shape family and stride orders at ``vllm_version``.
 
-    The table entry, unless ``LEGACY_LAYOUT_OVERRIDES`` says it changed by then.
+    The table entry, unless ``GEN1_LAYOUT_OVERRIDES`` says it changed by then.
     """
     backend = bk.get_backend(backend_name)
-    if backend.legacy is None:
-        with_legacy = sorted(n for n, b in bk.BACKENDS.items() if b.legacy is not None)
+    if backend.gen1 is None:
+        with_gen1 = sorted(n for n, b in bk.BACKENDS.items() if b.gen1 is not None)
         raise ConfigError(
             f"backend {backend_name!r} has no generation-1 get_kv_cache_shape in the table; "
-            f"expected one of {', '.join(with_legacy)}"
+            f"expected one of {', '.join(with_gen1)}"
         )
     version = check_gen1_version(vllm_version)
     # The latest era that has started wins; eras are listed oldest first.
-    started = [era for era in LEGACY_LAYOUT_OVERRIDES.get(backend_name, ()) if version >= era.since]
+    started = [era for era in GEN1_LAYOUT_OVERRIDES.get(backend_name, ()) if version >= era.since]
     if not started:
-        return backend.legacy
+        return backend.gen1
     era = max(started, key=lambda e: e.since)
     if era.layout is None:
         raise NotModeledError(f"{backend_name} at vLLM {vllm_version}: {era.source}")
     return era.layout
 
 
-def legacy_kv_cache_shape(
+def gen1_kv_cache_shape(
     backend_name: str,
     num_blocks: int,
     block_size: int,
@@ -285,34 +285,34 @@ def legacy_kv_cache_shape(
                          ("num_kv_heads", num_kv_heads), ("head_size", head_size)):
         if not isinstance(value, int) or value <= 0:
             raise ConfigError(f"{label} {value!r} must be a positive integer")
-    legacy = legacy_layout(backend_name, vllm_version)
+    layout_facts = gen1_layout(backend_name, vllm_version)
     if backend_name in _BLOCK_MULTIPLE_OF_16 and block_size % 16:
         raise StartupError(
             "Block size must be a multiple of 16.",
             where=f"vllm.v1.attention.backends.{backend_name.lower()}.get_kv_cache_shape",
         )
-    if legacy.shape == "BND":
+    if layout_facts.shape == "BND":
         if num_kv_heads != 1:
             raise ConfigError(f"MLA backend {backend_name} needs num_kv_heads 1, got {num_kv_heads}")
         return (num_blocks, block_size, head_size)
-    if legacy.shape == "2BNHD":
+    if layout_facts.shape == "2BNHD":
         return (2, num_blocks, block_size, num_kv_heads, head_size)
-    if legacy.shape == "B2NHD":
+    if layout_facts.shape == "B2NHD":
         return (num_blocks, 2, block_size, num_kv_heads, head_size)
-    if legacy.shape == "BHNC":
+    if layout_facts.shape == "BHNC":
         return (num_blocks, num_kv_heads, block_size, 2 * head_size)
-    raise ConfigError(f"legacy shape {legacy.shape!r} is not one of {', '.join(SHAPE_AXES)}")
+    raise ConfigError(f"generation-1 shape {layout_facts.shape!r} is not one of {', '.join(SHAPE_AXES)}")
 
 
-def legacy_stride_order(backend_name: str, layout: str, *, vllm_version: str = "0.21.0") -> tuple[int, ...]:
+def gen1_stride_order(backend_name: str, layout: str, *, vllm_version: str = "0.21.0") -> tuple[int, ...]:
     """``get_kv_cache_stride_order()`` under ``get_kv_cache_layout() == layout``.
 
     The permutation from the logical shape to the physical (allocation) order.
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"KV cache layout {layout!r} is not valid in generation 1; expected NHD or HND")
-    legacy = legacy_layout(backend_name, vllm_version)
-    return legacy.stride_order_nhd if layout == "NHD" else legacy.stride_order_hnd
+    layout_facts = gen1_layout(backend_name, vllm_version)
+    return layout_facts.stride_order_nhd if layout == "NHD" else layout_facts.stride_order_hnd
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -340,14 +340,14 @@ def permuted_view_strides(logical_shape: Sequence[int], order: Sequence[int]) ->
 
 
 @dataclass(frozen=True)
-class LegacyKVCacheTensor:
+class Gen1KVCacheTensor:
     """Gen-1 ``KVCacheTensor(size, shared_by)``: one raw ``int8`` allocation of ``size`` bytes."""
 
     size: int
     shared_by: tuple[str, ...]
 
 
-def place_legacy_tensors(groups: Sequence[KVCacheGroup], num_blocks: int) -> tuple[LegacyKVCacheTensor, ...]:
+def place_gen1_tensors(groups: Sequence[KVCacheGroup], num_blocks: int) -> tuple[Gen1KVCacheTensor, ...]:
     """``get_kv_cache_config_from_groups`` (gen 1): who shares which raw tensor.
 
     One ``UniformTypeKVCacheSpecs`` group: one tensor per layer, sized by that layer's
@@ -358,7 +358,7 @@ def place_legacy_tensors(groups: Sequence[KVCacheGroup], num_blocks: int) -> tup
     if len(groups) == 1 and isinstance(groups[0].spec, UniformTypeSpecs):
         spec = groups[0].spec
         return tuple(
-            LegacyKVCacheTensor(spec.spec_of(n).page_size_bytes * num_blocks, (n,)) for n in groups[0].layer_names
+            Gen1KVCacheTensor(spec.spec_of(n).page_size_bytes * num_blocks, (n,)) for n in groups[0].layer_names
         )
     pages = {layer_spec_of(g.spec, n).page_size_bytes for g in groups for n in g.layer_names}
     if len(pages) != 1:
@@ -367,7 +367,7 @@ def place_legacy_tensors(groups: Sequence[KVCacheGroup], num_blocks: int) -> tup
     page = pages.pop()
     group_size = max(len(g.layer_names) for g in groups)
     return tuple(
-        LegacyKVCacheTensor(
+        Gen1KVCacheTensor(
             page * num_blocks,
             tuple(g.layer_names[i] for g in groups if i < len(g.layer_names)),
         )
@@ -432,7 +432,7 @@ class _LayerGeometry:
 
 
 @dataclass(frozen=True)
-class LegacyDerivation:
+class Gen1Derivation:
     """What a gen-1 runner registers for one case, and where every logical block lives."""
 
     case: CaseConfig
@@ -443,7 +443,7 @@ class LegacyDerivation:
     layer_backends: dict[str, str]
     groups: tuple[KVCacheGroup, ...]
     num_blocks: int
-    kv_cache_tensors: tuple[LegacyKVCacheTensor, ...]
+    kv_cache_tensors: tuple[Gen1KVCacheTensor, ...]
     kernel_block_sizes: tuple[int, ...]
     """Per group: the block size the views were reshaped with (MRv2 < 0.22: the logical one)."""
     selected_kernel_block_sizes: tuple[int | None, ...]
@@ -488,7 +488,7 @@ class LegacyDerivation:
         return geometry.block(logical_block_id)
 
 
-def resolve_legacy_layout(case: CaseConfig) -> str:
+def resolve_gen1_layout(case: CaseConfig) -> str:
     """``get_kv_cache_layout()``: VLLM_KV_CACHE_LAYOUT, else the connector's, else NHD.
 
     NIXL's ``get_required_kvcache_layout`` asks for HND unless the model uses MLA.
@@ -507,7 +507,7 @@ def use_mla(case: CaseConfig) -> bool:
     return any(layer.kind in ("mla", "sliding_window_mla") for layer in case.layers if not layer.is_draft)
 
 
-def legacy_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> AttentionSpec:
+def gen1_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> AttentionSpec:
     if layer.kind not in MODELED_KINDS:
         raise NotModeledError(
             f"layer {layer.name!r}: kind {layer.kind!r} is not modeled in generation 1; "
@@ -519,14 +519,14 @@ def legacy_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> Atte
             f"modeled: {', '.join(MODELED_CACHE_DTYPES)}"
         )
     backend = bk.get_backend(backend_name)
-    legacy_layout(backend_name, case.vllm_version)  # ConfigError / NotModeledError early
+    gen1_layout(backend_name, case.vllm_version)  # ConfigError / NotModeledError early
     if backend_name == "FLASHINFER" and case.capability[0] == 10:
         raise NotModeledError("FlashInfer on SM10x (platform HND override, TRT-LLM sizes) is not modeled in generation 1")
     spec = raw_spec(case, layer, backend)
     assert isinstance(spec, AttentionSpec)
     bk.check_backend_accepts(backend, spec, layer.name)
     if not spec.kind.is_mla and spec.head_size_v != spec.head_size:
-        raise NotModeledError(f"layer {layer.name!r}: the 5-D legacy shape needs head_size_v == head_size")
+        raise NotModeledError(f"layer {layer.name!r}: the 5-D generation-1 shape needs head_size_v == head_size")
     return spec
 
 
@@ -536,11 +536,11 @@ def _select(block_size: int, members: Iterable[tuple[str, AttentionSpec]], capab
     pairs = dict.fromkeys(members)
     return select_common_block_size(
         block_size,
-        [(name, legacy_kernel_block_sizes(name, spec, capability, vllm_version)) for name, spec in pairs],
+        [(name, gen1_kernel_block_sizes(name, spec, capability, vllm_version)) for name, spec in pairs],
     )
 
 
-def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
+def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
     """What ``register_kv_caches`` receives from ``runner`` in vLLM 0.19 to 0.28.
 
     MRv1 (``_reshape_kv_cache_tensors``) and MRv2 from 0.22 reshape with kernel blocks:
@@ -552,16 +552,16 @@ def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
         raise ConfigError(f"runner {runner!r} is not one of mrv1, mrv2")
     if case.generation != 1:
         raise ConfigError(
-            f"case {case.name!r} is generation {case.generation}; derive_legacy models generation 1 (vLLM < 0.30)"
+            f"case {case.name!r} is generation {case.generation}; derive_gen1 models generation 1 (vLLM < 0.30)"
         )
     version = check_gen1_version(case.vllm_version)
-    layout = resolve_legacy_layout(case)
+    layout = resolve_gen1_layout(case)
 
     specs: dict[str, LayerSpec] = {}
     backends: dict[str, str] = {}
     for layer in case.layers:
         name = layer_backend(case, layer, runner)
-        specs[layer.name] = legacy_spec(case, layer, name)
+        specs[layer.name] = gen1_spec(case, layer, name)
         backends[layer.name] = name
 
     # Gen 1 groups with the same HMA algorithm; a layer-compact layout keeps the
@@ -571,7 +571,7 @@ def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
     if any(getattr(s, "page_size_padded", None) is not None for s in grouped.values()):
         raise NotModeledError("page padding in unify_kv_cache_spec_page_size is not modeled in generation 1")
     num_blocks = _num_blocks(case, groups)
-    tensors = place_legacy_tensors(groups, num_blocks)
+    tensors = place_gen1_tensors(groups, num_blocks)
 
     selected: list[int | None] = []
     kernel: list[int] = []
@@ -605,7 +605,7 @@ def derive_legacy(case: CaseConfig, runner: str = "mrv1") -> LegacyDerivation:
         base += tensor.size
     # Dict order follows the case's layers, like the runner's kv_caches dict.
     order = [layer.name for layer in case.layers]
-    return LegacyDerivation(
+    return Gen1Derivation(
         case=case,
         runner=runner,
         version=version,
@@ -626,7 +626,7 @@ def _layer_view(
     name: str,
     spec: AttentionSpec,
     backend: str,
-    tensor: LegacyKVCacheTensor,
+    tensor: Gen1KVCacheTensor,
     group_id: int,
     kbs: int,
     layout: str,
@@ -644,16 +644,16 @@ def _layer_view(
     num_blocks = tensor.size // page
     ratio = spec.block_size // kbs
     heads = 1 if spec.kind.is_mla else spec.num_kv_heads
-    shape = legacy_kv_cache_shape(
+    shape = gen1_kv_cache_shape(
         backend, num_blocks * ratio, kbs, heads, spec.head_size, vllm_version=case.vllm_version
     )
-    order = legacy_stride_order(backend, layout, vllm_version=case.vllm_version)
+    order = gen1_stride_order(backend, layout, vllm_version=case.vllm_version)
     strides = permuted_view_strides(shape, order)
     es = dtype_size(spec.dtype)
     if math.prod(shape) * es != tensor.size:
         # .view(permuted_shape) would raise: the element count must match exactly.
         raise NotModeledError(f"layer {name!r}: shape {shape} does not fill its {tensor.size}-byte raw tensor")
-    kind = legacy_layout(backend, case.vllm_version).shape
+    kind = gen1_layout(backend, case.vllm_version).shape
     axes = SHAPE_AXES[kind]
     view = TensorView(
         name=name,
@@ -689,15 +689,15 @@ def mrv1_mrv2_differences(case: CaseConfig) -> list[str]:
     block size, so it starts where no kernel block size fits), ``error: ...``.
     """
 
-    def outcome(runner: str) -> LegacyDerivation | StartupError:
+    def outcome(runner: str) -> Gen1Derivation | StartupError:
         try:
-            return derive_legacy(case, runner)
+            return derive_gen1(case, runner)
         except StartupError as exc:
             return exc
 
     one, two = outcome("mrv1"), outcome("mrv2")
     if isinstance(one, StartupError) or isinstance(two, StartupError):
-        said = ["starts" if isinstance(o, LegacyDerivation) else f"refuses ({o})" for o in (one, two)]
+        said = ["starts" if isinstance(o, Gen1Derivation) else f"refuses ({o})" for o in (one, two)]
         return [] if said[0] == said[1] else [f"error: MRv1 {said[0]} vs MRv2 {said[1]}"]
     out: list[str] = []
     for name, a in one.registered.items():
@@ -712,7 +712,7 @@ def mrv1_mrv2_differences(case: CaseConfig) -> list[str]:
 # --- 5. the pre-#39596 Mooncake heuristic ------------------------------------------------
 
 
-def mooncake_legacy_block_size(view: TensorView, use_mla: bool) -> int:
+def mooncake_gen1_block_size(view: TensorView, use_mla: bool) -> int:
     """``cache.shape[-2 if use_mla else -3]``: what old Mooncake asserted equals block_size.
 
     ``use_mla`` is model-global, so a GQA draft under an MLA target reads ``H``.
@@ -730,7 +730,7 @@ MOONCAKE_KERNEL_SYNC_SINCE: Version = (0, 20, 0)
 Observed: 0.19.1 has the assert, 0.20.0 the sync."""
 
 
-def mooncake_block_size(d: LegacyDerivation) -> int:
+def mooncake_block_size(d: Gen1Derivation) -> int:
     """``MooncakeConnectorWorker.block_size`` when ``register_kv_caches`` runs: the
     configured block size before #39596, the common kernel block size after."""
     if d.version < MOONCAKE_KERNEL_SYNC_SINCE:
@@ -739,11 +739,11 @@ def mooncake_block_size(d: LegacyDerivation) -> int:
     return min(selected) if selected else d.case.block_size
 
 
-def mooncake_refusal(d: LegacyDerivation) -> str | None:
+def mooncake_refusal(d: Gen1Derivation) -> str | None:
     """Why Mooncake's worker refuses what ``d``'s runner registers, or None: from #39596 its
     ``__init__`` needs a common kernel block size; ``register_kv_caches`` needs every
     tensor to have the first one's ``shape[0]`` and, before #39596, the
-    token axis the heuristic reads (``mooncake_legacy_block_size``) must equal the
+    token axis the heuristic reads (``mooncake_gen1_block_size``) must equal the
     configured block size. ``use_mla`` is the target model's, as vLLM's ModelConfig has it."""
     mla = any(layer.kind == "mla" for layer in d.case.layers if not layer.is_draft)
     if d.version >= MOONCAKE_KERNEL_SYNC_SINCE and None in d.selected_kernel_block_sizes:
@@ -757,7 +757,7 @@ def mooncake_refusal(d: LegacyDerivation) -> str | None:
         if view.shape[0] != first:
             return f"{name}: shape[0] {view.shape[0]} != {first} ('All kv cache tensors must have the same number of blocks')"
         if d.version < MOONCAKE_KERNEL_SYNC_SINCE:
-            read = mooncake_legacy_block_size(view, mla)
+            read = mooncake_gen1_block_size(view, mla)
             if read != d.case.block_size:
                 axis = -2 if mla else -3
                 layer = next(c for c in d.case.layers if c.name == name)
@@ -787,28 +787,28 @@ def merged_runs(regions: Iterable[Region]) -> tuple[tuple[int, int], ...]:
 __all__ = [
     "GEN1_END",
     "GEN1_FIRST",
-    "legacy_kernel_block_sizes",
-    "legacy_spec",
-    "LEGACY_LAYOUT_OVERRIDES",
-    "LegacyDerivation",
-    "LegacyEra",
-    "LegacyKVCacheTensor",
+    "gen1_kernel_block_sizes",
+    "gen1_spec",
+    "GEN1_LAYOUT_OVERRIDES",
+    "Gen1Derivation",
+    "Gen1Era",
+    "Gen1KVCacheTensor",
     "MRV2_KERNEL_BLOCKS_SINCE",
     "check_gen1_version",
     "contiguous_strides",
-    "derive_legacy",
-    "legacy_kv_cache_shape",
-    "legacy_layout",
-    "legacy_stride_order",
+    "derive_gen1",
+    "gen1_kv_cache_shape",
+    "gen1_layout",
+    "gen1_stride_order",
     "merged_runs",
     "MOONCAKE_KERNEL_SYNC_SINCE",
     "mooncake_block_size",
-    "mooncake_legacy_block_size",
+    "mooncake_gen1_block_size",
     "mooncake_refusal",
     "mrv1_mrv2_differences",
     "parse_version",
     "permuted_view_strides",
-    "place_legacy_tensors",
-    "resolve_legacy_layout",
+    "place_gen1_tensors",
+    "resolve_gen1_layout",
     "use_mla",
 ]

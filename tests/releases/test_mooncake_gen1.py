@@ -1,5 +1,5 @@
 """The installed release's own Mooncake worker on what each runner registered
-(``gpu_impl.connectors.mooncake_gen1``), judged by ``reference.legacy``: it refuses exactly
+(``gpu_impl.connectors.mooncake_gen1``), judged by ``reference.gen1``: it refuses exactly
 where the reference predicts (0.19.x: the MLA + Eagle block-size assert, vLLM #39596), and
 an MLA target with a GQA draft at block 64 passes from 0.20.0, after the fix."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.connectors.gen1_mooncake import judge
+from conformance.connectors.mooncake_gen1 import judge
 from reference.errors import StartupError
-from reference.legacy import MOONCAKE_KERNEL_SYNC_SINCE, derive_legacy, mooncake_refusal, parse_version
+from reference.gen1 import MOONCAKE_KERNEL_SYNC_SINCE, derive_gen1, mooncake_refusal, parse_version
 from installed_release import installed_version, release_cases
 
 
@@ -22,7 +22,7 @@ def test_mooncake_refuses_exactly_where_the_reference_predicts(case, runner: str
     assert obs.unsupported is None, obs.unsupported
     verdict = judge(case, runner, obs)
     try:
-        predicted = mooncake_refusal(derive_legacy(case, runner))
+        predicted = mooncake_refusal(derive_gen1(case, runner))
     except StartupError:  # the runner itself refuses: nothing reaches the connector
         assert obs.runner_error and verdict.status == "unsupported", verdict
         return
