@@ -1,4 +1,4 @@
-"""The ci profile's random sweep at scale: N configs through vLLM 0.33.0's CPU path under xdist.
+"""The ci profile's random sweep at scale: N configs through the target release's CPU path under xdist.
 
 Target (issue: suites): 1,000 randomized configs diffed in at most 5 minutes on 2 cores
 with ``-n 2``. Runs pytest in a subprocess and reports wall time and configs per second.

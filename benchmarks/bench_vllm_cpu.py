@@ -1,4 +1,4 @@
-"""Diff throughput through vLLM 0.33.0's own runners on CPU (gpu_impl.vllm_cpu), both runners.
+"""Diff throughput through the target release's own runners on CPU (gpu_impl.vllm_cpu), both runners.
 
 Targets, measured in one run on the same configs (ratios: this machine is shared and noisy):
 

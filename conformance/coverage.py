@@ -1,17 +1,8 @@
 """Which backend x layout x spec kind x dtype cells a test run exercised, and how often.
 
-The pytest plugin records every case a test ran (a sampled ``kv_case``, a case passed to
-``assert_conforms`` or ``kv_observed``) once per test; under xdist each worker ships its
-counts to the controller (``config.workeroutput``), which merges them and prints one
-compact table: one row per (backend, kind, dtype), one column per layout, and one line of
-runs per tensor/decode-context parallel size.
-
-A cell is counted once per (test, case) that has at least one layer in it, so a 4-layer
-dense case adds 1 to its cell, not 4. ``layout`` is the case's ``VLLM_KV_CACHE_LAYOUT``
-(``auto`` when unset: vLLM resolves it); ``dtype`` is the layer's KV cache dtype, with
-``auto`` shown as the model dtype it then follows.
-
-Plain data and no heavy imports: usable from the plugin at any time.
+The pytest plugin records each case a test ran once per test (a cell counts a (test, case)
+with a layer in it, not its layers); xdist workers ship their counts to the controller,
+which prints one table. Plain data and no heavy imports: usable from the plugin at any time.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def release(version: str) -> tuple[int, ...]:
     ``"0.33.0"`` -> ``(0, 33)``; ``"0.33.1.dev12+g1a2b"`` -> ``(0, 33, 1)``. Raises
     ValueError when the text does not start with a version number.
     """
-    from reference.gen1 import parse_version  # the one version parser
+    from reference.releases import parse_version  # the one version parser
 
     try:
         return _strip(parse_version(version.strip()))

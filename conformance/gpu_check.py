@@ -1,27 +1,14 @@
 """The GPU check: every scenario x runner observed in its own process, then judged.
 
-The runs are ``gpu_impl.cuda.run_one`` (the real engine, observed by the
-``CheckingConnector``); the verdicts are ``conformance.gpu_verdict``'s.
-
     python -m conformance.gpu_check [--out DIR] [--scenario NAME ...] [--runner mrv1|mrv2 ...]
                             [--jobs N] [--budget-s S] [--timeout-s S] [--draft-method eagle|eagle3]
     python -m conformance.gpu_check --list
 
-Steps: (1) a CUDA GPU must be visible (``nvidia-smi -L`` lists one and
-``torch.cuda.is_available()``); otherwise ONE line on stderr and exit 5 (nothing ran).
-(2) Each (scenario, runner) is resolved for the device's compute capability
-(``scenarios.build_run_spec``) and run by ``python -m gpu_impl.cuda.run_one`` in a fresh
-process (clean GPU memory), up to ``--jobs`` at a time, each killed after
-``--timeout-s``; no run starts once less than ``MIN_START_S`` of ``--budget-s`` is left
-(it is reported ``skipped``). (3) ``OUT/<run_id>.json`` gets each run's report plus its
-``analysis``; ``OUT/summary.json`` / ``OUT/summary.txt`` the run statuses, data-check counts
-and the MRv1 vs MRv2 differences; the text summary is printed. (4) ``OUT/report.json`` is
-the ``kvconform.report/1`` of the same observations, made by ``kvconform run``'s own loop
-(``GpuSource``: one comparator, the shipped expectations, one replay line per scenario), so
-``kvconform report OUT/report.json --html ...`` renders it.
-
-Exit status (pytest's): 0 all runs pass, 1 an unexpected divergence (the report's verdict),
-2 interrupted, 3 some run gave no verdict (error/timeout/skipped), 4 usage, 5 no GPU.
+Each run is ``python -m gpu_impl.cuda.run_one`` in a fresh process (clean GPU memory),
+``--jobs`` at a time, within ``--budget-s``; the verdicts are ``conformance.gpu_verdict``'s,
+and ``OUT/report.json`` is the ``kvconform.report/1`` of the same observations, made by
+``kvconform run``'s own loop (``GpuSource``). Exit status (pytest's): 0 all pass, 1 an
+unexpected divergence, 2 interrupted, 3 a run gave no verdict, 4 usage, 5 no GPU.
 """
 
 from __future__ import annotations
@@ -39,9 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from conformance.expectations import DEFAULT_PATH, load
 from conformance.gpu_verdict import IMPLEMENTATION, format_summary, run_observation, summarize
-from conformance.vllm_run import ObservationSource
+from conformance.schedules import plan_schedules
+from conformance.vllm_run import ObservationSource, run_against_vllm
 from gpu_impl.cuda import scenarios as sc
+from reference.config import CaseConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BUDGET_S = 450.0
@@ -318,7 +308,6 @@ class GpuSource(ObservationSource):
         return f"kvconform: the vLLM engine on {env.get('gpu') or 'a GPU'} against the reference, {len(cases)} scenario(s)"
 
     def observe(self, cases: Sequence[Any], bar: Any, env: dict[str, Any], **_: Any):
-        from conformance.schedules import plan_schedules
         from gpu_impl.observation import Observation
 
         for case in cases:
@@ -343,10 +332,6 @@ class GpuSource(ObservationSource):
 
 def write_report(reports: dict[str, Any], summary: dict[str, Any], device: dict[str, Any] | None, target: Path) -> int:
     """``target``: the ``kvconform.report/1`` of the GPU runs; returns the run loop's exit code."""
-    from conformance.expectations import DEFAULT_PATH, load
-    from conformance.vllm_run import run_against_vllm
-    from reference.config import CaseConfig
-
     cases: dict[str, Any] = {}
     for report in reports.values():
         spec = (report or {}).get("spec") or {}

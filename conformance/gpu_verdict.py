@@ -1,17 +1,10 @@
-"""Turn the per-run reports of the GPU path into verdicts and one summary.
+"""Verdicts of the GPU path: each run's recording judged by the one comparator, and one summary.
 
-For each run (``run_one``'s report, plus what the orchestrator adds: ``timed_out``,
-``returncode``, ``log_tail``), the worker connector's recording becomes the one
-``Observation`` type (``gpu_impl.recording``, inside the driver package) and is judged by
-the one comparator, ``conformance.diff.compare``, against ``reference.derive``: the
-registered tensors, layout, groups, placement and backends, and every written token the
-worker read back (``gpu_impl.cuda.datacheck``) against ``reference.token_bytes`` (kind
-``byte_range``). The MRv1 and MRv2 runs of one scenario are compared with each other by
-``conformance.diff.compare_runners``.
-
-Statuses: ``pass``; ``fail`` (a divergence: exit 1); ``error`` / ``timeout`` / ``missing``
-/ ``skipped`` (the run did not produce a verdict: exit 3 when nothing failed);
-``not_modeled``. Pure Python: no vLLM, no torch.
+A run's worker-connector recording becomes the one ``Observation`` type
+(``gpu_impl.recording``) and goes through ``conformance.diff.compare`` (written tokens read
+back included) and, per scenario, ``compare_runners``. Statuses: ``pass``, ``fail`` (exit 1),
+``error`` / ``timeout`` / ``missing`` / ``skipped`` (no verdict: exit 3), ``not_modeled``.
+Pure Python: no vLLM, no torch.
 """
 
 from __future__ import annotations

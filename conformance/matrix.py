@@ -1,15 +1,10 @@
 """``kvconform matrix``: one report of release x check, across vLLM releases.
 
-For each release, in its own venv (``scripts/release_env.sh VERSION``, or ``--venv
-VERSION=PATH`` for one that exists), ``kvconform run`` on the cases that release's
-driver takes (``release_cases``), then the built-in connector checks (NIXL, Mooncake).
-Each is its own process, with that venv's ``kvconform``, so every check is the same
-code as a user's ``kvconform run`` there. The result
-(``kvconform.release-history/1``) lists per release the exit status, counts and each
-divergence with its replay command for that release (*known* when a shipped expectation
-cites the upstream bug behind it, else *unexpected*), and per pair of consecutive releases
-the divergences that appear and vanish. Written as JSON, Markdown and
-HTML.
+Each release runs, in its own venv and process, that venv's ``kvconform run`` on the cases
+its driver takes, then the built-in connector checks: every check is the same code as a
+user's there. The ``kvconform.release-history/1`` result (JSON, Markdown, HTML) lists each
+release's divergences (*known* when a shipped expectation cites the upstream bug, else
+*unexpected*) and what appears and vanishes between consecutive releases.
 """
 
 from __future__ import annotations

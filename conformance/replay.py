@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 
+from conformance.engine_cases import get_engine_case
 from conformance.schedules import DEFAULT_SCHEDULES
 from reference.config import CaseConfig
 
@@ -70,8 +71,6 @@ def replay_command(
         prefix, arg = _case_argument(case, known=_known(CASES.get(case.name), case))
         return f"{prefix}{_import_path(connector)}kvconform check --connector {connector} --case {arg}"
     if engine:
-        from conformance.engine_run import get_engine_case
-
         prefix, arg = _case_argument(case, known=get_engine_case(case.name) == case)
         return f"{prefix}kvconform run --engine --case {arg}"
     from suites.profiles import PROJECT_SEED

@@ -1,15 +1,9 @@
 """``kvconform report``: validate a ``kvconform.report/1`` file and render it for CI and people.
 
-Pure standard library (no vLLM, no torch, no jsonschema):
-
-- ``validate_report(data)``: the report against ``report.schema.json`` with a small
-  validator for the JSON Schema keywords that file uses (``type``, ``required``,
-  ``properties``, ``additionalProperties``, ``items``, ``enum``, ``const`` and local
-  ``$ref``); every error names the JSON path and the offending value;
-- ``to_junit_xml`` / ``to_markdown`` / ``to_html``: the report for a CI test tab, a PR
-  comment or job summary, and a standalone page;
-- ``convert(path, junit=..., markdown=..., html=...)``: the CLI entry point; a missing,
-  malformed or invalid report is one line on stderr and exit 4.
+``validate_report`` checks a report against ``report.schema.json`` with a small validator
+for the keywords that file uses (no jsonschema: pure standard library); ``to_junit_xml`` /
+``to_markdown`` / ``to_html`` render it for a CI test tab, a PR comment and a page;
+``convert`` is the CLI entry point (a bad report: one line on stderr, exit 4).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""Request schedules of a case: which to run through the runners' block tables, and their verdict.
+"""Request schedules of a case: which to run through the runners' block tables, and how many ran.
 
-``plan_schedules(case, seed, count)`` draws ``count`` seeded schedules
-(``suites.block_table_scenarios.case_scenarios``) over the case's KV cache groups as the
-reference predicts them (``reference.block_tables.scenarios.case_groups``), plus, per
-runner, the kernel block size the reference predicts for each layer's attention group.
-The driver (``gpu_impl.vllm_cpu.planning.observe(..., schedules=...)``) runs them
-through the block tables each runner built; ``schedule_divergences`` diffs its result
-with the reference's steps (``conformance.diff.compare_schedule``), which
-``conformance.diff.compare`` reports with the rest of the case.
+``plan_schedules(case, seed, count)`` draws ``count`` seeded schedules over the case's KV
+cache groups as the reference predicts them, with the kernel block size each layer's
+attention group expands to; the driver runs them and ``conformance.checks.block_tables``
+judges the result.
 """
 
 from __future__ import annotations
@@ -16,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference.config import CaseConfig
+
+from conformance.divergence import draft_layers
+from conformance.prediction import reference_prediction
 
 DEFAULT_SCHEDULES = 2
 """Schedules per case for the named cases (``kvconform run --schedules``)."""
@@ -39,7 +38,6 @@ class SchedulePlan:
 
 def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
     """``count`` schedules for ``case`` (none when ``count`` is 0 or no schedule fits)."""
-    from conformance.diff import reference_prediction
     from reference.block_tables.scenarios import case_groups
     from suites.block_table_scenarios import case_scenarios
 
@@ -72,7 +70,7 @@ def _kernel_sizes_by_owner(case: CaseConfig, derivation: Any) -> dict[str, dict[
     """Targets: their builders' kernel block size. Drafts: the drafter's (speculator's)
     builders' size for the drafter's groups; in the runner's own groups (which hold every
     layer of the KV cache config) their KV cache group's kernel block size."""
-    drafts = {layer.name for layer in case.layers if layer.is_draft}
+    drafts = draft_layers(case)
     builders = derivation.builder_kernel_block_sizes
     own = {name: size for name, size in builders.items() if name not in drafts}
     for gid, group in enumerate(derivation.groups):
@@ -80,23 +78,6 @@ def _kernel_sizes_by_owner(case: CaseConfig, derivation: Any) -> dict[str, dict[
             if name in drafts:
                 own[name] = derivation.kernel_block_sizes[gid]
     return {"runner": own, "drafter": {name: size for name, size in builders.items() if name in drafts}}
-
-
-def schedule_divergences(case: CaseConfig, runner: str, plan: SchedulePlan, observation: Any) -> tuple[Any, ...]:
-    """Every divergence of ``observation.schedules`` from the reference's steps of the plan."""
-    from conformance.diff import compare_schedule
-    from reference.block_tables.scenarios import predict_runner
-
-    observed = tuple(getattr(observation, "schedules", ()) or ())
-    if not plan.scenarios or not observed or runner not in plan.layer_kernel_block_sizes:
-        return ()
-    out: list[Any] = []
-    for scenario, got in zip(plan.scenarios, observed):
-        if "steps" not in got:
-            continue  # unsupported / does not fit: said in the report's schedule summary
-        out += compare_schedule(case, runner, scenario, predict_runner(scenario, runner), got,
-                                plan.layer_kernel_block_sizes[runner])
-    return tuple(out)
 
 
 def schedule_summary(plan: SchedulePlan | None, observation: Any) -> dict[str, Any]:
@@ -121,4 +102,4 @@ def schedule_summary(plan: SchedulePlan | None, observation: Any) -> dict[str, A
     return summary
 
 
-__all__ = ["DEFAULT_SCHEDULES", "SchedulePlan", "plan_schedules", "schedule_divergences", "schedule_summary"]
+__all__ = ["DEFAULT_SCHEDULES", "SchedulePlan", "plan_schedules", "schedule_summary"]

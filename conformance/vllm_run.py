@@ -359,7 +359,7 @@ def _observations(cases: Sequence[CaseConfig], workers: int, bar: "_ProgressBar"
     drivers import (``gpu_impl.vllm_api``): if not, ``NotDrivable`` with one line."""
     from gpu_impl import vllm_api
 
-    # The driver of each case's generation: the 0.33.0-API layout driver, or gen1.
+    # The driver of each case's generation: the layout driver (the target release's API), or gen1.
     drivers = sorted({"gen1" if case.generation == 1 else "layout" for case in cases})
     if workers <= 1 or len(cases) <= 1:
         for driver in drivers:

@@ -30,10 +30,15 @@ class TensorObs:
     """One ``KVCacheTensor``: byte placement of a run of same-spec layers."""
 
     size: int
+    """Bytes of the allocation."""
     layers: tuple[str, ...]
+    """The layers sharing it, in placement order."""
     layer_stride: int
+    """Bytes from one layer's page to the next's in the same block."""
     block_stride: int
+    """Bytes from one block to the next for the same layer."""
     offset: int
+    """Byte of layer 0's page of block 0."""
 
 
 @dataclass(frozen=True)
@@ -42,9 +47,12 @@ class ViewObs:
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]
+    """In elements, as ``Tensor.stride()``."""
     dtype: str
     storage_offset: int
+    """In elements, as ``Tensor.storage_offset()``."""
     storage_nbytes: int
+    """Bytes of the storage the view lives in."""
 
 
 @dataclass(frozen=True)
@@ -202,8 +210,11 @@ class GenerationRecord:
     """The engine's requests: what was asked for and what came back."""
 
     prompts: int
+    """How many prompts were submitted."""
     max_new_tokens: int
+    """The tokens asked of each (``SamplingParams.max_tokens``)."""
     tokens_per_output: tuple[int, ...]
+    """The tokens each output came back with."""
 
 
 @dataclass(frozen=True)

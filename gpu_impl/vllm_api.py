@@ -10,7 +10,7 @@ reports in one line (exit 5: nothing ran) instead of failing with an ``ImportErr
 part way, or blaming a connector for the harness's own incompatibility.
 
 Drivers (``DRIVERS``): ``layout`` (vLLM's layout and runner code on CPU,
-``gpu_impl.vllm_cpu``, the 0.33.0 API), ``gen1`` (generation-1 releases, 0.19 to 0.28:
+``gpu_impl.vllm_cpu``, the target release's API), ``gen1`` (generation-1 releases, 0.19 to 0.28:
 ``gpu_impl.vllm_cpu.gen1``) and the connector adapters ``nixl`` and ``mooncake``
 (``gpu_impl.connectors``), which run on top of the layout driver.
 """

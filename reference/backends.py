@@ -1,6 +1,6 @@
 """The backend table: the single source of truth for what each attention backend declares.
 
-Read from vLLM 0.33.0 (``vllm/v1/attention/backends/**``; see
+Read from the target release (``vllm/v1/attention/backends/**``; see
 ``shared/research/vllm-specs-backends.md`` section 3.3). Each row records what the
 backend's ``get_supported_kernel_block_sizes``, ``supported_kv_cache_layouts`` and
 ``customize_spec`` declare, plus the generation-1 (pre-0.30) ``get_kv_cache_shape`` /
@@ -15,10 +15,11 @@ from dataclasses import dataclass, field, replace
 
 from reference.errors import ConfigError
 from reference.layout import KVCacheLayout
+from reference.releases import TARGET_RELEASE, Gen1Layout
 from reference.specs import AttentionSpec, KernelBlockSize, MultipleOf
 
-VLLM_VERSION = "0.33.0"
-"""The vLLM release this table was read from."""
+VLLM_VERSION = TARGET_RELEASE
+"""The vLLM release this table was read from: the target release."""
 
 LBHNC, LBNHC, LHBNC, BLHNC = (
     KVCacheLayout.LBHNC,
@@ -86,16 +87,6 @@ class Variant:
     note: str = ""
 
 
-@dataclass(frozen=True)
-class Gen1Layout:
-    """Generation 1 (vLLM < 0.30): ``get_kv_cache_shape`` and ``get_kv_cache_stride_order``."""
-
-    shape: str
-    """``"2BNHD"`` (FA: ``(2, B, N, H, D)``), ``"B2NHD"`` (FlashInfer) or ``"BND"`` (MLA)."""
-    stride_order_nhd: tuple[int, ...]
-    stride_order_hnd: tuple[int, ...]
-
-
 _FA_GEN1 = Gen1Layout("2BNHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
 _FI_GEN1 = Gen1Layout("B2NHD", (0, 1, 2, 3, 4), (0, 1, 3, 2, 4))
 _MLA_GEN1 = Gen1Layout("BND", (0, 1, 2), (0, 1, 2))
@@ -106,7 +97,7 @@ _FP8 = ("fp8", "fp8_e4m3")
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """One attention backend's layout-relevant declarations (vLLM 0.33.0)."""
+    """One attention backend's layout-relevant declarations (the target release's)."""
 
     name: str
     source: str
@@ -124,7 +115,7 @@ class BackendInfo:
     returns_lse_for_decode: bool = False
     """The impl's ``can_return_lse_for_decode`` (``v1/attention/backend.py``): DCP needs it
     (``v1/worker/cp_utils.py: check_attention_cp_compatibility``). True for FLASH_ATTN,
-    FLASHINFER and every MLA backend in 0.33.0; see ``returns_lse``."""
+    FLASHINFER and every MLA backend in the target release; see ``returns_lse``."""
 
     supports_cross_attention: bool = False
     """``supports_attn_type(AttentionType.ENCODER_DECODER)``: a backend that does not is
@@ -374,7 +365,7 @@ def get_backend(name: str) -> BackendInfo:
 
 
 def customize_spec(backend: BackendInfo, spec: AttentionSpec) -> AttentionSpec:
-    """The backend's ``customize_spec`` packing hook (vLLM 0.33.0)."""
+    """The backend's ``customize_spec`` packing hook (the target release's)."""
     if backend.require_block_multiple_of_16 and spec.block_size != 1 and spec.block_size % 16:
         raise ConfigError(
             f"block size {spec.block_size} is not a multiple of 16, which {backend.name} requires"

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from reference.dtypes import CACHE_DTYPES, canonical_model_dtype
 from reference.errors import ConfigError
+from reference.releases import TARGET_RELEASE
 
 LAYER_KINDS = (
     "full",
@@ -159,7 +160,8 @@ class CaseConfig:
     caching of Mamba state) keeps a state block per ``mamba_block_size`` tokens."""
     generation: int = 2
     """1: vLLM 0.19 to 0.28 (per-backend shapes, see reference.gen1); 2: 0.30 and later (KVCacheLayout)."""
-    vllm_version: str = "0.33.0"
+    vllm_version: str = TARGET_RELEASE
+    """The release the case is judged by (``reference.releases``)."""
     note: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:

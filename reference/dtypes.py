@@ -1,7 +1,7 @@
 """Data types by name, without torch.
 
 Mirrors ``vllm/utils/torch_utils.py`` ``STR_DTYPE_TO_TORCH_DTYPE`` and
-``vllm/v1/kv_cache_interface.py`` ``get_kv_quant_mode`` (vLLM 0.33.0).
+``vllm/v1/kv_cache_interface.py`` ``get_kv_quant_mode`` (the target release).
 """
 
 from __future__ import annotations

@@ -1,47 +1,12 @@
 """Generation 1 of vLLM's KV-cache layout (vLLM 0.19 to 0.28): per-backend shapes.
 
-Before the ``KVCacheLayout`` refactor every attention backend declared its own
-``get_kv_cache_shape`` and ``get_kv_cache_stride_order``; the planner handed the
-workers ``KVCacheTensor(size, shared_by)`` entries; each became one raw ``int8``
-allocation; and each runner reshaped it per layer as
-
-    raw.view(dtype).view(permuted_shape).permute(inverse_order)
-
-This module mirrors, for vLLM 0.19.0 to 0.28.x:
-
-- ``vllm/v1/attention/backends/{flash_attn,flashinfer,triton_attn,flex_attention}.py``
-  and ``mla/*.py``: ``get_kv_cache_shape`` / ``get_kv_cache_stride_order``;
-- ``vllm/v1/core/kv_cache_utils.py`` ``get_kv_cache_config_from_groups``: the
-  ``KVCacheTensor(size, shared_by)`` placement (tensor *i* is shared by layer *i* of
-  every group; a single ``UniformTypeKVCacheSpecs`` group gets one tensor per layer);
-- ``vllm/v1/worker/gpu_model_runner.py`` ``_allocate_kv_cache_tensors`` and
-  ``_reshape_kv_cache_tensors`` (MRv1: kernel-block reshape from
-  ``vllm/v1/worker/utils.py`` ``prepare_kernel_block_sizes``);
-- ``vllm/v1/worker/gpu/attn_utils.py`` ``init_kv_cache`` / ``_reshape_kv_cache``
-  (MRv2): in 0.21 it reshaped with the *logical* block size and ignored kernel block
-  sizes (vLLM issue #42846, fixed by #42766); from 0.22 it takes
-  ``kernel_block_sizes`` like MRv1.
-
-The backend table (``reference.backends``) stays the single source of truth for the
-generation-1 shape family and stride orders. Where research showed a table entry does not
-hold for every generation-1 release, the corrected fact lives in
-``GEN1_LAYOUT_OVERRIDES`` below, with its source.
-
-Sources read: the stored upstream ``flash_attn.py`` is older than 0.21 but has the
-gen-1 ``(2, N, B, H, D)`` shape and the NHD/HND orders; the stored ``triton_attn.py``
-is older still (no stride order: issue #37703); the stored ``flex_attention.py`` is
-from the packed era; the stored ``gpu/attn_utils.py`` is newer than gen 1. The 0.21
-MRv2 ``_reshape_kv_cache`` (no ``kernel_block_sizes``; ``get_kv_cache_shape(num_blocks,
-storage_block_size, ...)``; identity order on ``NotImplementedError``; ``.view(dtype)
-.view(permuted).permute(inv_order)``) and its 0.22+ successor taking
-``kernel_block_sizes`` were read from public copies of those versions. The rest follows
-``shared/research`` (feasibility-cpu.md section 9, vllm-specs-backends.md section 3.4,
-connectors.md sections 1.4 and 4).
-
-Byte addresses: gen 1 made one allocation per ``KVCacheTensor``, so every registered
-view has ``storage_offset == 0`` in its own storage. To compare bytes across layers,
-``BlockBytes`` regions use a virtual address space in which raw tensor *i* starts at
-``Gen1Derivation.tensor_bases[i]`` (the sum of the sizes before it).
+Each attention backend declared ``get_kv_cache_shape`` / ``get_kv_cache_stride_order``; the
+planner handed the workers ``KVCacheTensor(size, shared_by)`` entries, each one raw ``int8``
+allocation, and each runner viewed it per layer as
+``raw.view(dtype).view(permuted_shape).permute(inverse_order)``. This module models that
+(shapes, placement, the derivation, Mooncake's old check); what differs per release is in
+``reference.releases``, with its sources. Raw tensor *i* starts at
+``Gen1Derivation.tensor_bases[i]`` in a virtual address space, so bytes compare across layers.
 """
 
 from __future__ import annotations
@@ -55,28 +20,23 @@ from reference.config import CaseConfig, LayerConfig
 from reference.derive import layer_backend, raw_spec
 from reference.dtypes import dtype_size
 from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.intervals import merge
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout
 from reference.planning import KVCacheGroup, get_kv_cache_groups
-from reference.specs import AttentionSpec, KernelBlockSize, LayerSpec, MultipleOf, UniformTypeSpecs, layer_spec_of
+from reference.releases import (
+    GEN1_KERNEL_BLOCK_SIZES,
+    GEN1_LAYOUT_OVERRIDES,
+    MOONCAKE_KERNEL_SYNC,
+    MRV2_KERNEL_BLOCKS,
+    Version,
+    check_gen1_version,
+    fact_at,
+    holds,
+    parse_version,
+)
+from reference.specs import AttentionSpec, KernelBlockSize, LayerSpec, UniformTypeSpecs, layer_spec_of
 from reference.views import BlockBytes, Region, TensorView, make_region
-
-Version = tuple[int, int, int]
-
-GEN1_FIRST: Version = (0, 19, 0)
-"""Oldest release this module models. 0.19.1 and 0.20.0 were read with
-``scripts/probe_backend_facts.py`` (every backend's shape, stride orders and kernel block
-sizes) and checked case by case in their release venvs (``tests/releases``); what differs
-from 0.21 is in ``GEN1_LAYOUT_OVERRIDES`` and ``GEN1_KERNEL_BLOCK_SIZES``."""
-GEN1_END: Version = (0, 29, 0)
-"""First release that no longer asks backends for shapes. The feasibility notes put the
-refactor at 0.30 but did not check 0.29; a downstream port note (an out-of-tree
-backend's "0.29.0 (from 0.28.0)" entry) says 0.29 already derives every layer's
-layout from its spec, so 0.29.x is refused here rather than guessed."""
-GEN2_FIRST: Version = (0, 30, 0)
-MRV2_KERNEL_BLOCKS_SINCE: Version = (0, 22, 0)
-"""``gpu/attn_utils.init_kv_cache(..., kernel_block_sizes, vllm_config)`` appears in
-0.22 (feasibility-cpu.md section 9); 0.21's ``_reshape_kv_cache`` has no such argument."""
 
 LAYOUTS = ("NHD", "HND")
 MODELED_KINDS = ("full", "mla", "chunked_local")
@@ -95,154 +55,17 @@ SHAPE_AXES: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Gen1Era:
-    """A table override that applies from ``since`` on (until the next era)."""
-
-    since: Version
-    layout: bk.Gen1Layout | None
-    """None: this range is known to differ but is not established; refuse to guess."""
-    source: str
-
-
-_ID5, _HND5 = (0, 1, 2, 3, 4), (0, 1, 3, 2, 4)
-_B2NHD = bk.Gen1Layout("B2NHD", _ID5, _HND5)
-# Packed (B, H, N, 2D): NHD keeps tokens outside heads physically, HND is the identity.
-_PACKED = bk.Gen1Layout("BHNC", (0, 2, 1, 3), (0, 1, 2, 3))
-_PACKED_026 = Gen1Era(
-    (0, 26, 0),
-    _PACKED,
-    "observed on vLLM 0.26.0, 0.27.0 and 0.28.0 (gpu_impl/vllm_cpu/backend_facts.py): vLLM #44455 packed K|V into "
-    "the content dim, (num_blocks, H, block_size, 2*D), stride order (0, 2, 1, 3) under NHD and the identity "
-    "under HND (0.25.0 still splits K/V; kvcached#493 and a 0.28 connector's notes agree)",
-)
-
-
-GEN1_LAYOUT_OVERRIDES: dict[str, tuple[Gen1Era, ...]] = {
-    # The table's FA entry ("2BNHD") holds only up to 0.22.x.
-    "FLASH_ATTN": (
-        Gen1Era(
-            (0, 23, 0),
-            _B2NHD,
-            "vLLM #42095 (blocks-first layouts); FlexKV#187 ('vLLM 0.23 changed ... from (kv, "
-            "num_block, ...) to (num_block, kv, ...)'); tair-kvcache#257 (<= 0.22.1 is (2, B, N, H, D)); "
-            "vLLM #47314 (FA HND keeps logical (B, 2, N, H, D))",
-        ),
-        _PACKED_026,
-    ),
-    "FLASHINFER": (_PACKED_026,),
-    # Triton honours HND in the table; that holds from the #37940 fix of issue #37703
-    # (reported on 0.17.2), whose regression test asserts every 5-D backend puts heads
-    # before tokens under HND. Observed: 0.19.1 still returns the identity under HND,
-    # 0.20.0 on honours it.
-    "TRITON_ATTN": (
-        Gen1Era(GEN1_FIRST, bk.Gen1Layout("B2NHD", _ID5, _ID5),
-                  "observed on vLLM 0.19.1: TritonAttentionBackend.get_kv_cache_stride_order() is the identity under "
-                  "HND too (issue #37703, fixed by #37940 in 0.20.0)"),
-        Gen1Era((0, 20, 0), _B2NHD, "observed on vLLM 0.20.0 to 0.25.0: HND puts heads before tokens (#37940)"),
-        _PACKED_026,
-    ),
-    # The table gives Flex FA's HND order. Flex had no get_kv_cache_stride_order before
-    # 0.23 (observed on 0.19.1 to 0.22.0), so the runner's `except (AttributeError,
-    # NotImplementedError)` fallback used the identity for HND too.
-    "FLEX_ATTENTION": (
-        Gen1Era(GEN1_FIRST, bk.Gen1Layout("2BNHD", _ID5, _ID5),
-                  "observed on vLLM 0.19.1 to 0.22.0: get_kv_cache_stride_order raises NotImplementedError (identity)"),
-        Gen1Era((0, 23, 0), bk.Gen1Layout("B2NHD", (0, 2, 1, 3, 4), (0, 2, 1, 3, 4)),
-                  "observed on vLLM 0.23.0 to 0.25.0 (gpu_impl/vllm_cpu/backend_facts.py): blocks-first "
-                  "(num_blocks, 2, block_size, H, D) with stride order (0, 2, 1, 3, 4) under NHD and HND alike "
-                  "(#42095: tokens outside K/V, the layout is ignored)"),
-        Gen1Era(
-            (0, 26, 0),
-            bk.Gen1Layout("BHNC", (0, 2, 1, 3), (0, 2, 1, 3)),
-            "observed on vLLM 0.26.0 to 0.28.0: packed (num_blocks, H, block_size, 2*D), stride order (0, 2, 1, 3) "
-            "whatever the layout (as the stored flex_attention.py of the packed era)",
-        ),
-    ),
-}
-
-
-@dataclass(frozen=True)
-class KernelSizesEra:
-    """A backend's ``get_supported_kernel_block_sizes()`` from ``since`` on (until the next
-    era); ``sizes`` None: the backend table's (vLLM 0.33.0's) again."""
-
-    since: Version
-    sizes: tuple[KernelBlockSize, ...] | None
-    source: str
-
-
-GEN1_KERNEL_BLOCK_SIZES: dict[str, tuple[KernelSizesEra, ...]] = {
-    "FLEX_ATTENTION": (
-        KernelSizesEra(GEN1_FIRST, (MultipleOf(1),), "observed on vLLM 0.19.1 and 0.20.0: [MultipleOf(1)]"),
-        KernelSizesEra((0, 21, 0), None, "observed on vLLM 0.21.0 and 0.22.0: [MultipleOf(16)], as the table"),
-    ),
-}
-
-
 def gen1_kernel_block_sizes(backend_name: str, spec: AttentionSpec, capability: tuple[int, int],
                               vllm_version: str) -> tuple[KernelBlockSize, ...]:
     """The backend's supported kernel block sizes at ``vllm_version``."""
-    version = check_gen1_version(vllm_version)
-    started = [era for era in GEN1_KERNEL_BLOCK_SIZES.get(backend_name, ()) if version >= era.since]
-    if started:
-        era = max(started, key=lambda e: e.since)
-        if era.sizes is not None:
-            return era.sizes
+    era = fact_at(GEN1_KERNEL_BLOCK_SIZES.get(backend_name, ()), check_gen1_version(vllm_version))
+    if era is not None and era.value is not None:
+        return era.value
     return bk.get_backend(backend_name).supported_kernel_block_sizes(spec, capability, gqa=not spec.kind.is_mla)
 
 
 # FA and Triton's get_kv_cache_shape raise ValueError("Block size must be a multiple of 16.").
 _BLOCK_MULTIPLE_OF_16 = ("FLASH_ATTN", "TRITON_ATTN")
-
-
-# --- versions -------------------------------------------------------------------------
-
-
-def parse_version(text: str) -> Version:
-    """``"0.22.1rc1.dev116+g71df063c4"`` -> ``(0, 22, 1)``; the release part only."""
-    if not isinstance(text, str):
-        raise ConfigError(f"vLLM version {text!r} is not a string like '0.21.0'")
-    body = text[1:] if text.startswith("v") else text
-    parts: list[int] = []
-    for piece in body.split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-        if len(digits) != len(piece):
-            break  # "1rc1": the release number ends here
-    if len(parts) < 2:
-        raise ConfigError(f"vLLM version {text!r} is not of the form MAJOR.MINOR[.PATCH]")
-    while len(parts) < 3:
-        parts.append(0)
-    return (parts[0], parts[1], parts[2])
-
-
-def _fmt(v: Version) -> str:
-    return ".".join(map(str, v))
-
-
-def check_gen1_version(text: str) -> Version:
-    """The parsed version, or an error saying why generation 1 does not model it."""
-    v = parse_version(text)
-    if v >= GEN2_FIRST:
-        raise ConfigError(
-            f"vLLM {text} is generation 2 (>= {_fmt(GEN2_FIRST)}); generation 1 covers "
-            f"{_fmt(GEN1_FIRST)} to 0.28.x"
-        )
-    if v >= GEN1_END:
-        raise NotModeledError(
-            f"vLLM {text}: 0.29 already derives layouts from specs (unverified here); generation 1 "
-            f"is modeled for {_fmt(GEN1_FIRST)} to 0.28.x"
-        )
-    if v < GEN1_FIRST:
-        raise NotModeledError(f"vLLM {text} is older than {_fmt(GEN1_FIRST)}, the oldest release modeled")
-    return v
 
 
 # --- 1. per-backend shape and stride order ----------------------------------------------
@@ -251,7 +74,7 @@ def check_gen1_version(text: str) -> Version:
 def gen1_layout(backend_name: str, vllm_version: str = "0.21.0") -> bk.Gen1Layout:
     """The backend's gen-1 shape family and stride orders at ``vllm_version``.
 
-    The table entry, unless ``GEN1_LAYOUT_OVERRIDES`` says it changed by then.
+    The table entry, unless ``releases.GEN1_LAYOUT_OVERRIDES`` says it changed by then.
     """
     backend = bk.get_backend(backend_name)
     if backend.gen1 is None:
@@ -260,15 +83,12 @@ def gen1_layout(backend_name: str, vllm_version: str = "0.21.0") -> bk.Gen1Layou
             f"backend {backend_name!r} has no generation-1 get_kv_cache_shape in the table; "
             f"expected one of {', '.join(with_gen1)}"
         )
-    version = check_gen1_version(vllm_version)
-    # The latest era that has started wins; eras are listed oldest first.
-    started = [era for era in GEN1_LAYOUT_OVERRIDES.get(backend_name, ()) if version >= era.since]
-    if not started:
+    era = fact_at(GEN1_LAYOUT_OVERRIDES.get(backend_name, ()), check_gen1_version(vllm_version))
+    if era is None:
         return backend.gen1
-    era = max(started, key=lambda e: e.since)
-    if era.layout is None:
+    if era.value is None:
         raise NotModeledError(f"{backend_name} at vLLM {vllm_version}: {era.source}")
-    return era.layout
+    return era.value
 
 
 def gen1_kv_cache_shape(
@@ -575,7 +395,7 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
 
     selected: list[int | None] = []
     kernel: list[int] = []
-    expand = runner == "mrv1" or version >= MRV2_KERNEL_BLOCKS_SINCE
+    expand = runner == "mrv1" or holds(MRV2_KERNEL_BLOCKS, version)
     for group in groups:
         members = [(backends[n], grouped[n]) for n in group.layer_names]
         if expand:
@@ -722,18 +542,10 @@ def mooncake_gen1_block_size(view: TensorView, use_mla: bool) -> int:
     return view.shape[-2 if use_mla else -3]
 
 
-MOONCAKE_KERNEL_SYNC_SINCE: Version = (0, 20, 0)
-"""vLLM #39596 ("[Mooncake] Fix mixed MLA+Eagle block-size validation", in 0.20.0) removed
-``assert self.block_size == cache.shape[-2 if self.use_mla else -3]`` from
-``MooncakeConnectorWorker.register_kv_caches`` and added ``_sync_block_size_with_kernel``
-(the worker's block size becomes ``select_common_block_size`` over the backends).
-Observed: 0.19.1 has the assert, 0.20.0 the sync."""
-
-
 def mooncake_block_size(d: Gen1Derivation) -> int:
     """``MooncakeConnectorWorker.block_size`` when ``register_kv_caches`` runs: the
     configured block size before #39596, the common kernel block size after."""
-    if d.version < MOONCAKE_KERNEL_SYNC_SINCE:
+    if not holds(MOONCAKE_KERNEL_SYNC, d.version):
         return d.case.block_size
     selected = [k for k in d.selected_kernel_block_sizes if k is not None]
     return min(selected) if selected else d.case.block_size
@@ -746,7 +558,7 @@ def mooncake_refusal(d: Gen1Derivation) -> str | None:
     token axis the heuristic reads (``mooncake_gen1_block_size``) must equal the
     configured block size. ``use_mla`` is the target model's, as vLLM's ModelConfig has it."""
     mla = any(layer.kind == "mla" for layer in d.case.layers if not layer.is_draft)
-    if d.version >= MOONCAKE_KERNEL_SYNC_SINCE and None in d.selected_kernel_block_sizes:
+    if holds(MOONCAKE_KERNEL_SYNC, d.version) and None in d.selected_kernel_block_sizes:
         # _sync_block_size_with_kernel asks select_common_block_size, which finds none
         # (MRv2 before 0.22 never asked, so the runner started).
         return f"no common kernel block size for {d.case.block_size} (_sync_block_size_with_kernel)"
@@ -756,7 +568,7 @@ def mooncake_refusal(d: Gen1Derivation) -> str | None:
             first = view.shape[0]
         if view.shape[0] != first:
             return f"{name}: shape[0] {view.shape[0]} != {first} ('All kv cache tensors must have the same number of blocks')"
-        if d.version < MOONCAKE_KERNEL_SYNC_SINCE:
+        if not holds(MOONCAKE_KERNEL_SYNC, d.version):
             read = mooncake_gen1_block_size(view, mla)
             if read != d.case.block_size:
                 axis = -2 if mla else -3
@@ -774,34 +586,23 @@ def mooncake_refusal(d: Gen1Derivation) -> str | None:
 
 def merged_runs(regions: Iterable[Region]) -> tuple[tuple[int, int], ...]:
     """The union of every run of ``regions``, as sorted, merged ``[lo, hi)`` intervals."""
-    runs = sorted(r for region in regions for r in region.runs())
-    out: list[list[int]] = []
-    for lo, hi in runs:
-        if out and lo <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], hi)
-        else:
-            out.append([lo, hi])
-    return tuple((lo, hi) for lo, hi in out)
+    return tuple(merge(run for region in regions for run in region.runs()))
 
 
+# check_gen1_version and parse_version live in reference.releases; they stay importable from
+# here for the importers that still name this module.
 __all__ = [
-    "GEN1_END",
-    "GEN1_FIRST",
-    "gen1_kernel_block_sizes",
-    "gen1_spec",
-    "GEN1_LAYOUT_OVERRIDES",
     "Gen1Derivation",
-    "Gen1Era",
     "Gen1KVCacheTensor",
-    "MRV2_KERNEL_BLOCKS_SINCE",
     "check_gen1_version",
     "contiguous_strides",
     "derive_gen1",
+    "gen1_kernel_block_sizes",
     "gen1_kv_cache_shape",
     "gen1_layout",
+    "gen1_spec",
     "gen1_stride_order",
     "merged_runs",
-    "MOONCAKE_KERNEL_SYNC_SINCE",
     "mooncake_block_size",
     "mooncake_gen1_block_size",
     "mooncake_refusal",

@@ -1,7 +1,7 @@
 """Kernel block size selection: which block size the attention kernels see per group.
 
 Mirrors ``vllm/v1/worker/utils.py`` ``select_common_block_size``,
-``_block_size_is_supported`` and ``prepare_kernel_block_sizes`` (vLLM 0.33.0), and the
+``_block_size_is_supported`` and ``prepare_kernel_block_sizes`` (the target release), and the
 block size KV connectors derive for themselves (NIXL/Mooncake
 ``_sync_block_size_with_kernel``).
 """

@@ -2,13 +2,13 @@
 
 Mirrors ``vllm/v1/kv_cache_layout.py`` (``KVCacheLayout``, ``compute_layout_strides``)
 and the layout resolution of ``vllm/v1/attention/backends/utils.py``
-(``get_supported_kv_cache_layouts``, ``resolve_kv_cache_layout``), vLLM 0.33.0.
+(``get_supported_kv_cache_layouts``, ``resolve_kv_cache_layout``), the target release.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from reference.errors import ConfigError, StartupError
 
@@ -144,6 +144,15 @@ def supported_layouts(per_backend: Iterable[tuple[str, tuple[KVCacheLayout, ...]
     return tuple(common)
 
 
+def _only(candidates: Sequence[KVCacheLayout], keep: Callable[[KVCacheLayout], bool], where: str,
+          refusal: str) -> tuple[KVCacheLayout, ...]:
+    """The candidates ``keep`` accepts; StartupError(``refusal``) when none is left."""
+    kept = tuple(c for c in candidates if keep(c))
+    if not kept:
+        raise StartupError(refusal, where=where)
+    return kept
+
+
 def resolve_layout(
     candidates: tuple[KVCacheLayout, ...],
     *,
@@ -155,21 +164,15 @@ def resolve_layout(
     """Pick the model's layout (``resolve_kv_cache_layout`` in the engine core)."""
     where = "vllm.v1.attention.backends.utils.resolve_kv_cache_layout"
     if mixed_hnc:
-        candidates = tuple(c for c in candidates if c.is_block_compact)
-        if not candidates:
-            raise StartupError(
-                "Specs with mixed HNC shapes need a block-compact layout, but no supported "
-                "layout is block-compact",
-                where=where,
-            )
+        candidates = _only(
+            candidates, lambda c: c.is_block_compact, where,
+            "Specs with mixed HNC shapes need a block-compact layout, but no supported layout is block-compact",
+        )
     if mixed_dcp_and_pages:
-        candidates = tuple(c for c in candidates if c.is_block_outermost)
-        if not candidates:
-            raise StartupError(
-                "DCP with a replicated draft and mixed KV page sizes requires a block-outer "
-                "KV cache layout",
-                where=where,
-            )
+        candidates = _only(
+            candidates, lambda c: c.is_block_outermost, where,
+            "DCP with a replicated draft and mixed KV page sizes requires a block-outer KV cache layout",
+        )
     if env_layout is not None:
         chosen = layout_from_name(env_layout)
         if chosen not in candidates:

@@ -1,7 +1,7 @@
 """Tensor and decode-context parallelism: what one rank's KV cache sees.
 
 A case's layers carry *per-rank* head counts. This module turns a model's totals into
-them the way vLLM 0.33.0 does, and predicts the scheduler-side token spans DCP changes:
+them the way the target release does, and predicts the scheduler-side token spans DCP changes:
 
 - ``ModelConfig.get_num_kv_heads``: MLA keeps one latent head; otherwise
   ``max(1, total_kv_heads // tp)`` (KV heads are replicated when TP exceeds them).

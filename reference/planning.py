@@ -1,6 +1,6 @@
 """Grouping layers into KV cache groups, page-size unification, num_blocks and placement.
 
-Mirrors ``vllm/v1/core/kv_cache_planning.py`` (vLLM 0.33.0): ``get_kv_cache_groups``
+Mirrors ``vllm/v1/core/kv_cache_planning.py`` (the target release): ``get_kv_cache_groups``
 (uniform, uniform-type, ``unify_kv_cache_spec_page_size``,
 ``_get_kv_cache_groups_uniform_page_size``), ``validate_kv_cache_layout``,
 ``_get_kv_cache_bytes_per_block`` and ``get_kv_cache_config_from_groups``.

@@ -1,79 +1,326 @@
-"""The vLLM releases the reference has facts for, and the facts that differ between them.
+"""The one registry of vLLM release facts: which releases the reference models, and every fact
+that differs between them.
 
-- Generation 1, vLLM 0.19 to 0.28 (per-backend ``get_kv_cache_shape``): ``reference.gen1``,
-  with its per-release eras (``GEN1_LAYOUT_OVERRIDES``, ``GEN1_KERNEL_BLOCK_SIZES``).
-- Generation 2 (``KVCacheLayout``): ``reference.derive`` models vLLM 0.33.0. vLLM 0.32.x was
-  run through the same drivers (``kvconform run`` in ``scripts/release_env.sh 0.32.0``'s
-  venv: every named case, both runners, their own code) and differs only where this module
-  says (``GEN2_DIFFERENCES``); each fact names the release it was read from.
-- vLLM 0.29 to 0.31 and 0.34 on: no facts. A run there says so in one line instead of
-  judging by 0.33.0's rules.
-
-A case says which release it is judged by (``CaseConfig.vllm_version``); ``kvconform run``
-stamps the installed release on each generation-2 case.
+Each fact is a ``Fact``: the release it holds from (``since``), its value, and where it was
+read (``source``); a series of them, oldest first, says what holds at any release.
+``reference.derive`` models the target release (``TARGET_RELEASE``); ``reference.gen1``
+models generation 1 and reads its per-release facts here. Adding a release, or a fact that
+changes at one, is an edit here plus its test (``tests/reference/test_releases.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Generic, Mapping, Sequence, TypeVar
 
 from reference.errors import ConfigError, NotModeledError
+from reference.specs import KernelBlockSize, MultipleOf
 
 Version = tuple[int, int, int]
-
-GEN2_FACTS_FROM: Version = (0, 32, 0)
-"""The oldest generation-2 release the reference has facts for."""
-GEN2_FACTS_UNTIL: Version = (0, 34, 0)
-"""The first release after the newest one it has facts for."""
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class ReleaseFact:
-    """One behaviour that changed at ``since``, with where it was read."""
-
-    name: str
-    since: Version
-    source: str
+# --- versions ------------------------------------------------------------------------------
 
 
-MRV2_SLIDING_WINDOW_REACH = ReleaseFact(
-    "MRv2 BlockTables nulls block ids below a sliding window",
-    (0, 33, 0),
-    "vllm/v1/worker/gpu/block_table.py: BlockTables(sliding_window_reach=...) is new in 0.33.0; 0.32.0's "
-    "BlockTables gathers every block id of the row (observed: swa-hybrid-* cases through 0.32.0's own "
-    "BlockTables keep the ids below the window)",
-)
-GEN2_DIFFERENCES: tuple[ReleaseFact, ...] = (MRV2_SLIDING_WINDOW_REACH,)
+def parse_version(text: str) -> Version:
+    """``"0.22.1rc1.dev116+g71df063c4"`` -> ``(0, 22, 1)``; the release part only."""
+    if not isinstance(text, str):
+        raise ConfigError(f"vLLM version {text!r} is not a string like '0.21.0'")
+    body = text[1:] if text.startswith("v") else text
+    parts: list[int] = []
+    for piece in body.split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+        if len(digits) != len(piece):
+            break  # "1rc1": the release number ends here
+    if len(parts) < 2:
+        raise ConfigError(f"vLLM version {text!r} is not of the form MAJOR.MINOR[.PATCH]")
+    while len(parts) < 3:
+        parts.append(0)
+    return (parts[0], parts[1], parts[2])
 
 
 def parse_release(text: str) -> Version:
-    """``"0.32.1.dev3+cpu"`` -> ``(0, 32, 1)``."""
-    from reference.gen1 import parse_version
-
+    """``"0.32.1.dev3+cpu"`` -> ``(0, 32, 1)`` (``parse_version``, by its older name)."""
     return parse_version(text)
 
 
-def _fmt(v: Version) -> str:
-    return ".".join(map(str, v))
+def format_version(version: Version) -> str:
+    """``(0, 33, 0)`` -> ``"0.33.0"``."""
+    return ".".join(map(str, version))
+
+
+def format_series(version: Version) -> str:
+    """``(0, 28, 0)`` -> ``"0.28.x"``: every patch release of ``version``'s minor."""
+    return f"{version[0]}.{version[1]}.x"
+
+
+def _minor(version: Version) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+# --- record types ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fact(Generic[T]):
+    """One fact about vLLM that holds from ``since`` on, until the next fact of its series."""
+
+    since: Version
+    """The first release it holds in."""
+    value: T
+    """What holds: a layout, kernel block sizes, or whether a behaviour is there."""
+    source: str
+    """Where it was read (vLLM source, issue or pull request, or a release observed)."""
+
+
+@dataclass(frozen=True)
+class ReleaseSpan:
+    """The releases a generation's facts cover: ``first`` to just before ``end``."""
+
+    first: Version
+    """The oldest release the facts hold for."""
+    end: Version
+    """The first release after the newest one they hold for."""
+    source: str
+    """How the bounds were established."""
+
+
+@dataclass(frozen=True)
+class Gen1Layout:
+    """Generation 1 (vLLM < 0.30): ``get_kv_cache_shape`` and ``get_kv_cache_stride_order``."""
+
+    shape: str
+    """``"2BNHD"`` (FA: ``(2, B, N, H, D)``), ``"B2NHD"`` (FlashInfer) or ``"BND"`` (MLA)."""
+    stride_order_nhd: tuple[int, ...]
+    stride_order_hnd: tuple[int, ...]
+
+
+def fact_at(series: Sequence[Fact[T]], version: Version) -> Fact[T] | None:
+    """The latest fact of ``series`` that has started at ``version``; None before the first."""
+    started = [fact for fact in series if version >= fact.since]
+    return max(started, key=lambda fact: fact.since) if started else None
+
+
+def holds(series: Sequence[Fact[bool]], vllm_version: str | Version) -> bool:
+    """Whether the behaviour ``series`` describes is there at ``vllm_version`` (not before its first fact)."""
+    if isinstance(vllm_version, str):
+        version = parse_version(vllm_version)
+    elif isinstance(vllm_version, tuple):
+        version = vllm_version
+    else:
+        raise ConfigError(f"vLLM version {vllm_version!r} is not a string like '0.33.0'")
+    fact = fact_at(series, version)
+    return fact is not None and fact.value
+
+
+# --- the target release --------------------------------------------------------------------
+
+TARGET_RELEASE = "0.33.0"
+"""The release ``reference.derive`` and the backend table model; ``scripts/env.sh`` installs it and
+``pyproject.toml`` allows up to its next minor (``tests/reference/test_releases.py`` checks both)."""
+_TARGET: Version = parse_version(TARGET_RELEASE)
+
+
+# --- generation 1: per-backend get_kv_cache_shape ------------------------------------------
+
+GEN1 = ReleaseSpan(
+    (0, 19, 0),
+    (0, 29, 0),
+    "first: 0.19.1 and 0.20.0 were read with scripts/probe_backend_facts.py (every backend's shape, stride orders "
+    "and kernel block sizes) and checked case by case in their release venvs (tests/releases). end: the first "
+    "release that no longer asks backends for shapes; the feasibility notes put the refactor at 0.30 but did not "
+    "check 0.29, and a downstream port note (an out-of-tree backend's '0.29.0 (from 0.28.0)' entry) says 0.29 "
+    "already derives every layer's layout from its spec, so 0.29.x is refused rather than guessed. The backend "
+    "table's generation-1 shapes and orders: vllm/v1/attention/backends/{flash_attn,flashinfer,triton_attn,"
+    "flex_attention}.py and mla/*.py (the stored flash_attn.py is older than 0.21 but has the gen-1 shape and the "
+    "NHD/HND orders); the rest follows shared/research (feasibility-cpu.md section 9, vllm-specs-backends.md "
+    "section 3.4, connectors.md sections 1.4 and 4)",
+)
+GEN1_FIRST: Version = GEN1.first
+GEN1_END: Version = GEN1.end
+GEN2_FIRST: Version = (0, 30, 0)
+"""The first ``KVCacheLayout`` release (generation 2)."""
+
+MRV2_KERNEL_BLOCKS: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache (read from a public copy of 0.21): no kernel_block_sizes; "
+         "get_kv_cache_shape(num_blocks, storage_block_size, ...), identity order on NotImplementedError, "
+         ".view(dtype).view(permuted).permute(inv_order) (vLLM issue #42846, fixed by #42766); observed on 0.19.1, "
+         "0.20.0 and 0.21.0"),
+    Fact((0, 22, 0), True,
+         "gpu/attn_utils.init_kv_cache(..., kernel_block_sizes, vllm_config) appears in 0.22 (feasibility-cpu.md "
+         "section 9; read from a public copy of 0.22): MRv2 reshapes with kernel blocks like MRv1"),
+)
+"""Whether MRv2 views its KV cache in kernel blocks (before: in logical blocks)."""
+
+_ID5, _HND5 = (0, 1, 2, 3, 4), (0, 1, 3, 2, 4)
+_B2NHD = Gen1Layout("B2NHD", _ID5, _HND5)
+_PACKED_026 = Fact(
+    (0, 26, 0),
+    # Packed (B, H, N, 2D): NHD keeps tokens outside heads physically, HND is the identity.
+    Gen1Layout("BHNC", (0, 2, 1, 3), (0, 1, 2, 3)),
+    "observed on vLLM 0.26.0, 0.27.0 and 0.28.0 (gpu_impl/vllm_cpu/backend_facts.py): vLLM #44455 packed K|V into "
+    "the content dim, (num_blocks, H, block_size, 2*D), stride order (0, 2, 1, 3) under NHD and the identity "
+    "under HND (0.25.0 still splits K/V; kvcached#493 and a 0.28 connector's notes agree)",
+)
+
+GEN1_LAYOUT_OVERRIDES: dict[str, tuple[Fact[Gen1Layout | None], ...]] = {
+    # The table's FA entry ("2BNHD") holds only up to 0.22.x.
+    "FLASH_ATTN": (
+        Fact(
+            (0, 23, 0),
+            _B2NHD,
+            "vLLM #42095 (blocks-first layouts); FlexKV#187 ('vLLM 0.23 changed ... from (kv, "
+            "num_block, ...) to (num_block, kv, ...)'); tair-kvcache#257 (<= 0.22.1 is (2, B, N, H, D)); "
+            "vLLM #47314 (FA HND keeps logical (B, 2, N, H, D))",
+        ),
+        _PACKED_026,
+    ),
+    "FLASHINFER": (_PACKED_026,),
+    # Triton honours HND in the table; that holds from the #37940 fix of issue #37703
+    # (reported on 0.17.2), whose regression test asserts every 5-D backend puts heads
+    # before tokens under HND.
+    "TRITON_ATTN": (
+        Fact(GEN1_FIRST, Gen1Layout("B2NHD", _ID5, _ID5),
+             "observed on vLLM 0.19.1: TritonAttentionBackend.get_kv_cache_stride_order() is the identity under "
+             "HND too (issue #37703, fixed by #37940 in 0.20.0; the stored triton_attn.py is older still, with no "
+             "stride order)"),
+        Fact((0, 20, 0), _B2NHD, "observed on vLLM 0.20.0 to 0.25.0: HND puts heads before tokens (#37940)"),
+        _PACKED_026,
+    ),
+    # The table gives Flex FA's HND order; before 0.23 the runner's `except (AttributeError,
+    # NotImplementedError)` fallback used the identity for HND too.
+    "FLEX_ATTENTION": (
+        Fact(GEN1_FIRST, Gen1Layout("2BNHD", _ID5, _ID5),
+             "observed on vLLM 0.19.1 to 0.22.0: get_kv_cache_stride_order raises NotImplementedError (identity)"),
+        Fact((0, 23, 0), Gen1Layout("B2NHD", (0, 2, 1, 3, 4), (0, 2, 1, 3, 4)),
+             "observed on vLLM 0.23.0 to 0.25.0 (gpu_impl/vllm_cpu/backend_facts.py): blocks-first "
+             "(num_blocks, 2, block_size, H, D) with stride order (0, 2, 1, 3, 4) under NHD and HND alike "
+             "(#42095: tokens outside K/V, the layout is ignored)"),
+        Fact(
+            (0, 26, 0),
+            Gen1Layout("BHNC", (0, 2, 1, 3), (0, 2, 1, 3)),
+            "observed on vLLM 0.26.0 to 0.28.0: packed (num_blocks, H, block_size, 2*D), stride order (0, 2, 1, 3) "
+            "whatever the layout (as the stored flex_attention.py of the packed era)",
+        ),
+    ),
+}
+"""Where the backend table's generation-1 layout (``reference.backends``) does not hold for every generation-1 release: per backend, the layout from
+each ``since`` on; a value of None: known to differ but not established (refused)."""
+
+GEN1_KERNEL_BLOCK_SIZES: dict[str, tuple[Fact[tuple[KernelBlockSize, ...] | None], ...]] = {
+    "FLEX_ATTENTION": (
+        Fact(GEN1_FIRST, (MultipleOf(1),), "observed on vLLM 0.19.1 and 0.20.0: [MultipleOf(1)]"),
+        Fact((0, 21, 0), None, "observed on vLLM 0.21.0 and 0.22.0: [MultipleOf(16)], as the table"),
+    ),
+}
+"""A backend's ``get_supported_kernel_block_sizes()`` from each ``since`` on; None: the backend
+table's (the target release's) again."""
+
+MOONCAKE_KERNEL_SYNC: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "observed on vLLM 0.19.1: MooncakeConnectorWorker.register_kv_caches asserts "
+         "self.block_size == cache.shape[-2 if self.use_mla else -3]"),
+    Fact((0, 20, 0), True,
+         "vLLM #39596 ('[Mooncake] Fix mixed MLA+Eagle block-size validation', in 0.20.0) removed that assert and "
+         "added _sync_block_size_with_kernel (the worker's block size becomes select_common_block_size over the "
+         "backends); observed on 0.20.0"),
+)
+"""Whether Mooncake's worker takes its block size from the kernel block sizes (before: the
+configured block size, checked against the registered shape)."""
+
+
+def check_gen1_version(text: str) -> Version:
+    """The parsed version, or an error saying why generation 1 does not model it."""
+    v = parse_version(text)
+    if v >= GEN2_FIRST:
+        raise ConfigError(
+            f"vLLM {text} is generation 2 (>= {format_version(GEN2_FIRST)}); generation 1 covers "
+            f"{format_version(GEN1_FIRST)} to {format_series((0, GEN1_END[1] - 1, 0))}"
+        )
+    if v >= GEN1_END:
+        raise NotModeledError(
+            f"vLLM {text}: {_minor(GEN1_END)} already derives layouts from specs (unverified here); generation 1 "
+            f"is modeled for {format_version(GEN1_FIRST)} to {format_series((0, GEN1_END[1] - 1, 0))}"
+        )
+    if v < GEN1_FIRST:
+        raise NotModeledError(f"vLLM {text} is older than {format_version(GEN1_FIRST)}, the oldest release modeled")
+    return v
+
+
+# --- generation 2: KVCacheLayout -----------------------------------------------------------
+
+GEN2 = ReleaseSpan(
+    (0, 32, 0),
+    (_TARGET[0], _TARGET[1] + 1, 0),
+    "first: vLLM 0.32.x was run through the same drivers (kvconform run in scripts/release_env.sh 0.32.0's venv: "
+    "every named case, both runners, their own code) and differs from the target release only where "
+    "GEN2_DIFFERENCES says. end: the target release's next minor. 0.29 to 0.31 and later releases have no facts: "
+    "a run there says so in one line instead of judging by the target release's rules",
+)
+GEN2_FACTS_FROM: Version = GEN2.first
+GEN2_FACTS_UNTIL: Version = GEN2.end
+
+MRV2_SLIDING_WINDOW_REACH: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FACTS_FROM, False,
+         "0.32.0's BlockTables gathers every block id of the row (observed: swa-hybrid-* cases through 0.32.0's own "
+         "BlockTables keep the ids below the window)"),
+    Fact((0, 33, 0), True,
+         "vllm/v1/worker/gpu/block_table.py: BlockTables(sliding_window_reach=...) is new in 0.33.0"),
+)
+"""Whether MRv2's ``BlockTables`` nulls the block ids below a sliding window."""
+
+GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
+    "MRv2 BlockTables nulls block ids below a sliding window": MRV2_SLIDING_WINDOW_REACH,
+}
+"""Every generation-2 behaviour that differs between the releases in ``GEN2``, by what it is."""
 
 
 def check_gen2_version(text: str) -> Version:
     """The release, or why the reference has no generation-2 facts for it (NotModeledError)."""
-    v = parse_release(text)
+    v = parse_version(text)
     if not GEN2_FACTS_FROM <= v < GEN2_FACTS_UNTIL:
         raise NotModeledError(
             f"the reference has no generation-2 facts for vLLM {text} (it has them for "
-            f"{_fmt(GEN2_FACTS_FROM)} to {_fmt((0, GEN2_FACTS_UNTIL[1] - 1, 0))[:-2]}.x; generation 1: 0.19 to 0.28)"
+            f"{format_version(GEN2_FACTS_FROM)} to {format_series((0, GEN2_FACTS_UNTIL[1] - 1, 0))}; "
+            f"generation 1: {_minor(GEN1_FIRST)} to {_minor((0, GEN1_END[1] - 1, 0))})"
         )
     return v
 
 
-def has(fact: ReleaseFact, vllm_version: str) -> bool:
-    """Whether ``vllm_version`` has the behaviour ``fact`` describes."""
-    if not isinstance(vllm_version, str):
-        raise ConfigError(f"vLLM version {vllm_version!r} is not a string like '0.33.0'")
-    return parse_release(vllm_version) >= fact.since
-
-
-__all__ = ["GEN2_DIFFERENCES", "GEN2_FACTS_FROM", "GEN2_FACTS_UNTIL", "MRV2_SLIDING_WINDOW_REACH", "ReleaseFact",
-           "check_gen2_version", "has", "parse_release"]
+__all__ = [
+    "Fact",
+    "GEN1",
+    "GEN1_END",
+    "GEN1_FIRST",
+    "GEN1_KERNEL_BLOCK_SIZES",
+    "GEN1_LAYOUT_OVERRIDES",
+    "GEN2",
+    "GEN2_DIFFERENCES",
+    "GEN2_FACTS_FROM",
+    "GEN2_FACTS_UNTIL",
+    "GEN2_FIRST",
+    "Gen1Layout",
+    "MOONCAKE_KERNEL_SYNC",
+    "MRV2_KERNEL_BLOCKS",
+    "MRV2_SLIDING_WINDOW_REACH",
+    "ReleaseSpan",
+    "TARGET_RELEASE",
+    "Version",
+    "check_gen1_version",
+    "check_gen2_version",
+    "fact_at",
+    "format_series",
+    "format_version",
+    "holds",
+    "parse_release",
+    "parse_version",
+]

@@ -1,6 +1,6 @@
 """KV cache specs: what one layer stores per block, and how many bytes that takes.
 
-Mirrors ``vllm/v1/kv_cache_interface.py`` (vLLM 0.33.0): ``AttentionSpec`` and its
+Mirrors ``vllm/v1/kv_cache_interface.py`` (the target release): ``AttentionSpec`` and its
 subclasses, ``MambaSpec`` and ``UniformTypeKVCacheSpecs``. vLLM uses a class per
 kind; here one frozen dataclass carries a ``kind``, because grouping only needs
 equality and the page-size formula is shared.

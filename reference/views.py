@@ -1,7 +1,7 @@
 """Per-layer tensor views and the bytes each (layer, logical block) occupies.
 
 Mirrors ``vllm/v1/kv_cache_interface.py`` ``create_kv_cache_views`` and
-``vllm/v1/worker/utils.py`` ``allocate_kv_cache`` (vLLM 0.33.0): one int8 pool,
+``vllm/v1/worker/utils.py`` ``allocate_kv_cache`` (the target release): one int8 pool,
 viewed per layer as ``[B_k, H, N_k, C]`` in the spec's dtype with layout strides.
 """
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Make (or reuse) kvconform's virtual environment, then run a command inside it.
 #
-#   bash scripts/env.sh kvconform run      # the main job: conformance report against vLLM 0.33.0
+#   bash scripts/env.sh kvconform run      # the main job: conformance report against the target release
 #   bash scripts/env.sh pytest -n 2        # the tests
 #
 # KVCONFORM_VENV   where the venv lives (default: .venv in the project)
 # KVCONFORM_EXTRAS extras to install (default: vllm,test,cli; "test,cli" gives a vLLM-free env)
-# KVCONFORM_VLLM   the vLLM release the vllm extra installs (default: 0.33.0)
+# KVCONFORM_VLLM   the vLLM release the vllm extra installs (default: the target release,
+#                  reference/releases.py TARGET_RELEASE; tests/reference/test_releases.py checks it)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${KVCONFORM_VENV:-$root/.venv}"

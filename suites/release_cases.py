@@ -1,5 +1,5 @@
 """Cases for the drivers of older vLLM releases: generation 1 (vLLM 0.19 to 0.28), stamped with
-the release they are run against (``reference.gen1`` reads per-release facts off
+the release they are run against (``reference.releases`` keys its per-release facts on
 ``vllm_version``). ``tests/releases`` runs them in a release venv."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``suites/zoo/*.json`` are the config files of real architectures, as published on the
 Hub (no weights; nothing is downloaded). ``load_zoo()`` reads them and ``to_case()``
-turns one into a ``reference.config.CaseConfig`` the way vLLM 0.33.0's model code
+turns one into a ``reference.config.CaseConfig`` the way the target release's model code
 would build its attention layers from it on one rank (``tensor_parallel_size``, default 1):
 
 - layer names as vLLM registers them (``model.layers.{i}.self_attn.attn``, Qwen3-Next's
@@ -324,25 +324,26 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
     n = text.get("num_hidden_layers")
     layers: list[LayerConfig] = []
     kv_per_rank = per_rank_kv_heads(model_heads(model), tp)
+
+    def attention(name: str, attn: str, window: int | None = None) -> LayerConfig:
+        """A text-model attention layer at this rank's KV heads (sliding where it has a window)."""
+        return LayerConfig(
+            name,
+            kind="sliding_window" if window else "full",
+            backend=attn,
+            num_kv_heads=kv_per_rank,
+            head_size=_head_dim(text),
+            cache_dtype=cache_dtype,
+            sliding_window=window,
+        )
+
     if mt in _DECODER_ONLY:
         attn = _attention_backend(backend, mla=False)
-        kv = kv_per_rank
-        hd = _head_dim(text)
         # Multimodal wrappers build the text model under "language_model" (gemma3_mm.py:
         # init_vllm_registered_model(prefix="language_model") -> Gemma3ForCausalLM's "model").
         prefix = "language_model.model" if "text_config" in model.config else "model"
         for i, window in enumerate(sliding_windows(text, mt)):
-            layers.append(
-                LayerConfig(
-                    f"{prefix}.layers.{i}.self_attn.attn",
-                    kind="sliding_window" if window else "full",
-                    backend=attn,
-                    num_kv_heads=kv,
-                    head_size=hd,
-                    cache_dtype=cache_dtype,
-                    sliding_window=window,
-                )
-            )
+            layers.append(attention(f"{prefix}.layers.{i}.self_attn.attn", attn, window))
     elif mt == "deepseek_v3":
         mla = _attention_backend(backend, mla=True)
         width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
@@ -363,32 +364,14 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
         attn = _attention_backend(backend, mla=False)
         for i, t in enumerate(layer_types(text, mt)):
             if t == "full_attention":
-                layers.append(
-                    LayerConfig(
-                        f"model.layers.{i}.self_attn.attn",
-                        backend=attn,
-                        num_kv_heads=kv_per_rank,
-                        head_size=_head_dim(text),
-                        cache_dtype=cache_dtype,
-                    )
-                )
+                layers.append(attention(f"model.layers.{i}.self_attn.attn", attn))
             else:
                 layers.append(_mamba_layer(f"model.layers.{i}.linear_attn", text, mt, model.model_dtype, tp))
     elif mt == "nemotron_h":
         attn = _attention_backend(backend, mla=False)
         for i, t in enumerate(text["hybrid_override_pattern"]):
             if t == "*":
-                layers.append(
-                    LayerConfig(
-                        f"model.layers.{i}.mixer.attn",
-                        backend=attn,
-                        num_kv_heads=kv_per_rank,
-                        head_size=_head_dim(text),
-                        cache_dtype=cache_dtype,
-                        sliding_window=text.get("sliding_window"),
-                        kind="sliding_window" if text.get("sliding_window") else "full",
-                    )
-                )
+                layers.append(attention(f"model.layers.{i}.mixer.attn", attn, text.get("sliding_window")))
             elif t == "M":
                 layers.append(_mamba_layer(f"model.layers.{i}.mixer", text, mt, model.model_dtype, tp))
             elif t not in "-E":

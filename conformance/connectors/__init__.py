@@ -3,7 +3,9 @@
 Importing this package does not need torch; ``validate_registration`` does.
 """
 
-from conformance.connectors.protocol import ConnectorAdapter, LayerInfo, RegistrationContext
-from conformance.connectors.validate import ConnectorReport, Divergence, validate_registration
+from conformance.connectors.protocol import ConnectorAdapter, ConnectorFactory, ConnectorLike, LayerInfo, Ranges, RegistrationContext, Undrivable  # noqa: E501
+from conformance.connectors.results import CaseResult, ConnectorFinding, ConnectorReport
+from conformance.connectors.validate import validate_registration
 
-__all__ = ["ConnectorAdapter", "ConnectorReport", "Divergence", "LayerInfo", "RegistrationContext", "validate_registration"]
+__all__ = ["CaseResult", "ConnectorAdapter", "ConnectorFactory", "ConnectorFinding", "ConnectorLike", "ConnectorReport",
+           "LayerInfo", "Ranges", "RegistrationContext", "Undrivable", "validate_registration"]

@@ -1,9 +1,9 @@
 """Example connector adapters: one correct, five with the bug classes real connectors shipped.
 
 - ``ReferenceAdapter``: correct; derives everything from the registered view (``shape[0]``,
-  ``stride()``, ``data_ptr()``), as vLLM 0.33.0's NIXL connector does for layer-outermost layouts.
+  ``stride()``, ``data_ptr()``), as the target release's NIXL connector does for layer-outermost layouts.
 - ``ShapeMinus3Adapter``: takes ``shape[-3]`` as the tokens per block (Mooncake before #39596;
-  in 0.33.0's ``[B, H, N, C]`` view that is the head count).
+  in the target release's ``[B, H, N, C]`` view that is the head count).
 - ``LogicalBlockAdapter``: uses the scheduler's logical block size when vLLM split blocks into
   kernel blocks (the #42846 class: FlashInfer at block 128 registers 64-token kernel blocks).
 - ``PermutationBlindAdapter``: assumes each layer's blocks are contiguous pages laid out

@@ -24,7 +24,9 @@ class Region:
     """Memory a connector may read and write."""
 
     start: int
+    """The first address."""
     end: int
+    """One past the last address."""
     label: str
     """``pool`` (a storage vLLM registered) or ``host buffer N`` (connector-side storage)."""
 
@@ -36,7 +38,9 @@ class OutOfBounds:
     side: str
     """``read`` (source) or ``write`` (destination)."""
     address: int
+    """Where the refused range starts."""
     nbytes: int
+    """Its length."""
     nearest: str
     """The region the range starts in or is nearest to, with the offset, for the report."""
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
-from conformance.connectors.validate import STATUSES, ConnectorReport
+from conformance.connectors.results import STATUSES, ConnectorReport
 
 SCHEMA_ID = "kvconform.connector-report/2"
 _ORDER = ("failure", "refusal", "unsupported", "skipped", "pass")

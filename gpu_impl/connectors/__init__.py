@@ -1,50 +1,14 @@
 """Drivers of vLLM's own KV connectors on CPU, with recording fakes for the transfer
-engines, adapted to ``conformance.connectors.protocol`` so ``kvconform check`` can check
+engines, each adapted to the adapter protocol (``base``) so ``kvconform check`` can check
 what vLLM's connectors derive at registration and the bytes their planned copies move.
 
-One module per connector. Each adapter runs the connector's own ``register_kv_caches``
-and transfer planning; only what hardware or an external service provides is faked
-(copy engines, storage / RDMA services, CUDA streams and events, pinning, the TP rank).
+One module per connector; the shared set-up is ``vllm_setup`` (the case's vLLM configs)
+and ``cuda_stand_ins`` (the CUDA streams and events of synchronous CPU copies). Only what
+hardware or an external service provides is faked.
 """
 
+from gpu_impl.connectors.base import ConnectorAdapter, ConnectorFactory, ConnectorLike, LayerInfo, Ranges, RegistrationContext, Undrivable  # noqa: E501
+from gpu_impl.connectors.built_in import BUILT_IN, NOT_DRIVEN
 
-class Undrivable(Exception):
-    """The connector's own code cannot be driven for this case on CPU (the message says
-    why: a service it needs at registration, a kernel that cannot run here). Reported as
-    ``unsupported``, never as the connector's failure or refusal."""
-
-
-
-BUILT_IN: dict[str, str] = {
-    "NixlConnector": "gpu_impl.connectors.nixl:NixlAdapter",
-    "MooncakeConnector": "gpu_impl.connectors.mooncake:MooncakeAdapter",
-    "MooncakeStoreConnector": "gpu_impl.connectors.mooncake_store:MooncakeStoreAdapter",
-    "OffloadingConnector": "gpu_impl.connectors.offloading:OffloadingAdapter",
-    "SimpleCPUOffloadConnector": "gpu_impl.connectors.simple_cpu_offload:SimpleCPUOffloadAdapter",
-    "UMBPStoreConnector": "gpu_impl.connectors.umbp:UMBPAdapter",
-    "HF3FSKVConnector": "gpu_impl.connectors.hf3fs:HF3FSAdapter",
-    "MoRIIOConnector": "gpu_impl.connectors.moriio:MoRIIOAdapter",
-    "DecodeBenchConnector": "gpu_impl.connectors.decode_bench:DecodeBenchAdapter",
-    "LMCacheMPConnector": "gpu_impl.connectors.lmcache_mp:LMCacheMPAdapter",
-}
-"""vLLM connector class -> the adapter that drives it (``kvconform check --all``)."""
-
-NOT_DRIVEN: dict[str, str] = {
-    "MultiConnector": "passes the same kv_caches dict to every child connector (multi_connector.py register_kv_caches); "
-                      "each child is checked on its own",
-    "FlexKVConnectorV1": "register_kv_caches hands the tensors to the external flexkv package (flexkv_connector.py), "
-                         "which is not served for this machine; nothing in vLLM interprets them",
-    "LMCacheConnectorV1": "register_kv_caches forwards to the LMCache engine (lmcache_connector.py); the layout is read "
-                          "by the external lmcache package, checked through LMCacheMPConnector where lmcache is installed",
-    "HiSparseConnector": "ignores the kv_caches dict: it takes HiSparseCacheHandles from the forward context "
-                         "(hisparse/worker.py), which need HiSparse attention layers",
-    "ExampleConnector": "does not use register_kv_caches: it reads the layers' bound kv_cache from the forward "
-                        "context (example_connector.py); an example, not a shipped transfer path",
-    "NixlPushConnector": "the push variant of NIXL (nixl/push_worker.py) shares NixlConnector's registration "
-                         "(base_worker.py register_kv_caches), which is checked",
-    "ExampleHiddenStatesConnector": "caches hidden states of a CacheOnlyAttentionLayer, not the KV cache of the case's layers",
-}
-"""Connectors vLLM ships that ``kvconform check --all`` lists without driving, and why."""
-
-
-__all__ = ["BUILT_IN", "NOT_DRIVEN", "Undrivable"]
+__all__ = ["BUILT_IN", "NOT_DRIVEN", "ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges",
+           "RegistrationContext", "Undrivable"]

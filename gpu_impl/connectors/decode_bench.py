@@ -1,30 +1,12 @@
-"""vLLM 0.33.0's ``DecodeBenchConnector`` driven on CPU, as a connector adapter (fill only).
+"""The target release's ``DecodeBenchConnector`` driven on CPU, as a connector adapter (fill only).
 
-DecodeBench moves no KV anywhere: it *writes* benchmark values into the blocks of each new
-request (``DecodeBenchConnectorWorker._fill_block_tensor``: ``kv_cache[block_ids] = values``,
-dim 0 taken as the block id, ids ``>= shape[0]`` silently dropped). So ``descriptors(layer, b)``
-are the pool bytes its fill for logical block ``b`` actually wrote in that layer, observed by
-diffing the pool around each per-layer fill call. There is no store or load, so this adapter
-has neither: the round trip (store b, load into b') does not apply to it (``fill_only``).
-
-What runs real, end to end for a request: the connector constructed twice, as the engine does
-(``DecodeBenchConnector(vllm_config, SCHEDULER | WORKER, kv_cache_config)``); the scheduler side's
-``get_num_new_matched_tokens``, ``update_state_after_alloc`` (which of the request's blocks of
-each group to fill) and ``build_connector_meta``; the worker side's ``register_kv_caches``,
-``bind_connector_metadata`` and ``start_load_kv`` -> ``start_fill_kv`` -> ``_fill_blocks`` ->
-``_fill_block_tensor`` with the connector's default fill values.
-
-What is faked: nothing the fill touches (it is plain torch indexing on the registered
-tensors). The request is a stand-in with ``request_id`` and ``num_tokens`` (the smallest group
-block size plus one token, so the scheduler selects exactly one block per group), and its
-allocated blocks are ``KVCacheBlock(b)`` in every group. To see every written byte, including
-bytes written with the value they already held, the fill runs twice, each layer's call over
-``0x00`` and then over ``0xff`` bytes (a constant fill cannot equal both); the pool is restored.
-
-Under a kernel split (``LB*`` layouts whose backend takes smaller blocks than the scheduler's,
-e.g. FlashInfer off SM100 with ``--block-size 128``) the registered view is kernel-granular,
-``[num_blocks * r, H, kbs, C]``, and the fill for logical block ``b`` writes kernel block ``b``:
-a fraction ``1/r`` of the wrong block (research note hazard H2, reproduced here).
+DecodeBench moves no KV: it *writes* benchmark values into each new request's blocks
+(``_fill_block_tensor``: ``kv_cache[block_ids] = values``, dim 0 taken as the block id). Its
+scheduler and worker sides run end to end for a one-block request; nothing is faked (the fill
+is torch indexing on the registered tensors). ``descriptors(layer, b)`` are the pool bytes
+each layer's fill call wrote for logical block ``b``, seen by running it over ``0x00`` and
+then ``0xff`` bytes; there is no store or load to round-trip (``fill_only``). Findings:
+docs/findings/decode-bench-logical-ids-on-kernel-blocks.md.
 """
 
 from __future__ import annotations
@@ -35,8 +17,8 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors import Undrivable
+from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
 _BACKGROUNDS = (0, -1)
 """Pool bytes the fill runs over (int8 ``0x00`` and ``0xff``)."""
@@ -83,20 +65,10 @@ class DecodeBenchAdapter:
     @contextlib.contextmanager
     def _config(self) -> Iterator[tuple[Any, Any]]:
         """The case's VllmConfig and KVCacheConfig, with this connector as the transfer config."""
-        from vllm.config import KVTransferConfig
-
-        from gpu_impl.connectors.nixl import _plan
-
         with contextlib.ExitStack() as stack:
-            if self.ctx.vllm is not None:
-                vc, kcc = self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config
-            else:
-                plan, vc, kcc, *_ = _plan(self.ctx.case, self.ctx.runner)
-                stack.enter_context(plan)
-            saved = vc.kv_transfer_config
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=self.connector, kv_role="kv_both"))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
-            yield vc, kcc
+            plan = case_plan(self.ctx, stack)
+            use_transfer_config(stack, plan.vllm_config, kv_connector=self.connector, kv_role="kv_both")
+            yield plan.vllm_config, plan.kv_cache_config
 
     def register(self, kv_caches: Mapping[str, Any]) -> None:
         import torch

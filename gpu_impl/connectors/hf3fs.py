@@ -1,46 +1,14 @@
-"""vLLM 0.33.0's ``HF3FSKVConnector`` (KV pages in a 3FS file) driven on CPU, as a connector adapter.
+"""The target release's ``HF3FSKVConnector`` (KV pages in a 3FS file) driven on CPU, as a connector adapter.
 
-What runs real (vLLM's own code, unchanged):
-
-- ``HF3FSKVConnector.__init__`` (worker role: the extra-config knobs, buffer count) and
-  ``register_kv_caches``: ``_setup_kv_cache_config`` (the uniform-shape assertion,
-  ``local_block_size = shape[2]``, the page of ``L x H x N x C`` elements, the layer
-  pointer table), ``_setup_storage_clients`` and ``AsyncOperationManager.__init__`` with
-  ``_init_cuda_resources`` (the ``CopyBufferAllocator`` staging pages);
-- the save path: ``wait_for_save`` (block hashes, batching) -> ``submit_save_operation`` ->
-  ``_handle_save_task`` (page allocation, ``_gather_or_scatter_kv_caches`` -> the
-  ``kv_cache_gather_kernel`` Triton kernel, batched file writes, write confirmation);
-- the load path: ``start_load_kv`` -> ``submit_load_operation`` -> ``_handle_load_task``
-  (key lookup, batched file reads, ``kv_cache_scatter_kernel``);
-- the two Triton kernels (``hf3fs/utils/gather_scatter_helper.py``), in the Triton
-  interpreter: the process must have had ``TRITON_INTERPRET=1`` and
-  ``CUDA_VISIBLE_DEVICES=""`` before triton/vLLM were imported (the test suite's conftest
-  sets them), otherwise ``register`` raises ``Undrivable``.
-
-What is faked (hardware, or an external service), and why:
-
-- the 3FS file client (``hf3fs_fuse`` / ``Hf3fsClient``) -> ``MemoryFileClient``: a page of
-  the file is an ``engine.host_buffer``, written and read through ``engine.copy``;
-- the metadata server's HTTP client -> ``InProcessMetadataClient``, answering with the
-  server's own ``GlobalMetadataState`` in this process;
-- the staging pages: ``CopyBufferAllocator``'s device buffers are re-homed, same shape and
-  dtype, into engine host buffers (device memory the 3FS client DMAs from and to), so the
-  file client's copies are bounds-checked like any other;
-- CUDA streams and events -> no-ops (CPU tensors, synchronous kernels); ``PIN_MEMORY`` ->
-  False (``async_tensor_h2d`` pins the token indices on CUDA);
-- the manager's two background threads and I/O thread pool -> none: the adapter runs the
-  queued tasks on the calling thread with the handlers the threads run, the pool's
-  ``submit`` runs inline;
-- the TP rank -> 0; ``__init__``'s ``atexit``/signal handlers -> not installed (they would
-  take SIGINT/SIGTERM of the checking process).
-
-``descriptors(layer, b)`` are the pool bytes the connector's own load path writes for
-logical block ``b``: ``_gather_or_scatter_kv_caches([b], [page], "scatter")`` run on a
-staging page whose layer-``l`` slice holds the byte ``l + 1``, into a zeroed pool (restored
-afterwards), and read back per layer. The connector addresses tokens
-``[b * local_block_size, (b + 1) * local_block_size)`` of the *kernel-granular* view with
-the *logical* id ``b`` (``hf3fs_connector.py:979``), so under a kernel split it moves kernel
-block ``b``, not logical block ``b``.
+Its own constructor, ``register_kv_caches``, save path (``wait_for_save`` -> the gather
+kernel -> batched file writes) and load path (``start_load_kv`` -> file reads -> the scatter
+kernel) run, the two Triton kernels in the interpreter (``INTERPRETER_ENV`` set before
+triton/vLLM are imported, else ``register`` raises ``Undrivable``). Faked: the 3FS file
+client (``MemoryFileClient``: pages in engine host buffers), the metadata server's client
+(``InProcessMetadataClient``), CUDA streams and events, pinning, the manager's threads (its
+tasks run on the calling thread) and the TP rank. ``descriptors(layer, b)`` are the pool
+bytes the connector's own scatter writes for logical block ``b``. Findings:
+docs/findings/hf3fs-logical-ids-on-kernel-blocks.md.
 """
 
 from __future__ import annotations
@@ -54,8 +22,9 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors import Undrivable
+from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.cuda_stand_ins import SyncEvent, SyncStream
+from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
 _MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.hf3fs"
 _HELPER = f"{_MODULE}.utils.gather_scatter_helper"
@@ -180,22 +149,6 @@ class InProcessMetadataClient:
 # --- CUDA and thread stand-ins ----------------------------------------------------------------
 
 
-class _Stream:
-    def wait_event(self, event: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
-class _Event:
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def synchronize(self) -> None:
-        pass
-
-
 class _InlineExecutor:
     """The manager's I/O thread pool, running each submitted call at once."""
 
@@ -218,8 +171,8 @@ def _cpu_device() -> Iterator[None]:
     import vllm.utils.torch_utils as torch_utils
 
     with contextlib.ExitStack() as stack:
-        stack.enter_context(mock.patch.object(torch.cuda, "Stream", _Stream))
-        stack.enter_context(mock.patch.object(torch.cuda, "Event", _Event))
+        stack.enter_context(mock.patch.object(torch.cuda, "Stream", SyncStream))
+        stack.enter_context(mock.patch.object(torch.cuda, "Event", SyncEvent))
         stack.enter_context(mock.patch.object(torch.cuda, "stream", lambda stream=None: contextlib.nullcontext()))
         stack.enter_context(mock.patch.object(torch_utils, "PIN_MEMORY", False))
         yield
@@ -264,20 +217,10 @@ class HF3FSAdapter:
 
     # --- registration ---------------------------------------------------------------------
 
-    def _config(self, stack: contextlib.ExitStack):
-        if self.ctx.vllm is not None:
-            return self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config
-        from gpu_impl.connectors.nixl import _plan
-
-        plan_stack, vc, kcc, _, _, _ = _plan(self.ctx.case, self.ctx.runner)
-        stack.enter_context(plan_stack)
-        return vc, kcc
-
     def register(self, kv_caches: Mapping[str, Any]) -> None:
         problem = interpreter_problem()
         if problem is not None:
             raise Undrivable(problem)
-        from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.hf3fs import hf3fs_connector as hf
 
@@ -289,18 +232,14 @@ class HF3FSAdapter:
             return self.metadata
 
         with contextlib.ExitStack() as stack:
-            vc, kcc = self._config(stack)
-            saved = vc.kv_transfer_config
+            plan = case_plan(self.ctx, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
             # One I/O job and the minimum staging pages (8 per job): the knobs change the
             # batching, not which bytes move; the file keeps the connector's default size.
             extra = {"hf3fs_storage_path": tempfile.gettempdir(), "hf3fs_client_numjobs": 1, "hf3fs_max_device_buffer_count": 0}
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(
-                kv_connector=self.connector, kv_role="kv_both", kv_connector_extra_config=extra))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
+            use_transfer_config(stack, vc, kv_connector=self.connector, kv_role="kv_both", kv_connector_extra_config=extra)
             # The logical block size the scheduler hands out ids of (hashes cover this many tokens).
-            saved_bs = vc.cache_config.block_size
-            vc.cache_config.block_size = self.ctx.block_size
-            stack.callback(setattr, vc.cache_config, "block_size", saved_bs)
+            set_until_exit(stack, vc.cache_config, "block_size", self.ctx.block_size)
             stack.enter_context(_cpu_device())
             for name, value in {
                 "Hf3fsClient": client,

@@ -1,75 +1,20 @@
-"""vLLM 0.33.0's ``LMCacheMPConnector`` (LMCache multi-process mode) driven on CPU, as a
-connector adapter.
+"""The target release's ``LMCacheMPConnector`` (LMCache multi-process mode) driven on CPU, as a
+connector adapter; only where the ``lmcache`` package is installed (``scripts/lmcache_env.sh``),
+elsewhere ``register`` raises ``Undrivable``.
 
-What the connector is
-    ``vllm/distributed/kv_transfer/kv_connector/v1/lmcache_mp_connector.py`` ends with
-    ``LMCacheMPConnector = _resolve_lmcache_mp_connector()``: with the ``lmcache`` package
-    installed the class IS LMCache's ``lmcache.integration.vllm.lmcache_mp_connector
-    .LMCacheMPConnector``; vLLM's in-tree ``LMCacheMPConnectorUpstream`` is used only with
-    ``LMCACHE_USE_UPSTREAM_MP`` set or an lmcache without that module. Both import lmcache
-    at module level: without lmcache nothing of the connector imports.
+vLLM resolves the class to LMCache's own connector, whose server decides every byte moved
+from the registered tensors' shapes and strides: vLLM's code alone answers no descriptors.
+So the connector (both roles, its own constructor, ``register_kv_caches``, the scheduler's
+request planning, ``wait_for_save`` / ``start_load_kv``) and LMCache's multi-process server
+run here, in this process; only the transport (``InProcessTransport``: each RPC straight to
+the server module's handler) and the IPC handles (``SharedTensorHandle``) are faked.
+``LMCacheMPAdapter`` is the server-driven transfer mode (LMCache's CUDA default),
+``LMCacheMPEngineDrivenAdapter`` the engine-driven one (its CPU default).
 
-    vLLM's in-tree side (``LMCacheMPConnectorUpstream.register_kv_caches`` ->
-    ``lmcache_integration/multi_process_adapter.py:414``), read off the source, sends
-    ``REGISTER_KV_CACHE [instance_id (the pid), [CudaIPCWrapper(t) for t in
-    kv_caches.values()]]`` -- the tensors in dict order, no layer names, no group or
-    layout metadata -- and ``STORE``/``RETRIEVE [keys, instance_id, block_ids, event IPC
-    handle]`` with the request's LOGICAL vLLM block ids (``allocated_block_ids`` sliced at
-    chunk boundaries, ``LMCacheMPRequestMetadata.GetStoreMetadata``) and one token-range
-    key per request; the chunk size comes from the server (``GET_CHUNK_SIZE``) and must be
-    a multiple of ``cache_config.block_size``. Every byte it moves is decided by the
-    LMCache server from the tensors' own shapes and strides: vLLM's code alone answers no
-    ``descriptors``. (That in-tree pair is also out of step with itself in 0.33.0:
-    ``create_worker_adapter`` passes ``mq_timeout``/``heartbeat_interval`` and the worker
-    passes ``cache_salts`` to an in-tree ``LMCacheMPWorkerAdapter`` that takes neither; with
-    lmcache 0.5.6 that adapter does not import at all: ``lmcache.v1.multiprocess.mq`` /
-    ``.protocol`` and ``custom_types.CudaIPCWrapper`` are gone.)
-
-What runs here (only in the venv of ``scripts/lmcache_env.sh``, which has lmcache 0.5.6;
-elsewhere ``register`` raises ``Undrivable``)
-    Real, worker and scheduler: the connector class vLLM resolves, built for both roles by
-    its own constructor; ``register_kv_caches`` (``apply_kv_cache_group_edits``,
-    ``create_engine_group_infos_from_vllm``, ``LMCacheMPWorkerAdapter.register_kv_caches``,
-    the transfer context for the tensors' device); the scheduler's request planning
-    (``get_num_new_matched_tokens``, ``update_state_after_alloc``, ``build_connector_meta``:
-    which logical block ids form which chunk); ``wait_for_save`` / ``start_load_kv``.
-
-    Real, server: LMCache's own multi-process server, in this process --
-    ``MPCacheServerContext`` (storage manager with a CPU L1 pool, token hasher, sessions)
-    and the modules ``lmcache.v1.multiprocess.server._build_server_components`` composes
-    (lookup/prefetch, the transfer modules, management). In the server-driven mode
-    (``LMCacheMPAdapter``: LMCache's default on CUDA) the server builds its cache context
-    from the registered tensors (``CPUCacheContext``: per-layer format detection,
-    ``KVLayerGroupsManager`` per-group geometry) and copies through its own
-    ``transfer_kv_per_object_group`` with LMCache's torch device ops. In the engine-driven
-    mode (``LMCacheMPEngineDrivenAdapter``: LMCache's default on CPU tensors) the worker
-    gathers/scatters (``gather_paged_kv_to_cpu`` / ``scatter_cpu_to_paged_kv``) and the
-    server keeps the chunks; that mode refuses more than one KV transfer group itself
-    (``EngineDrivenTransferContext.register``).
-
-    Faked: the transport and the IPC. ``InProcessTransport`` stands for LMCache's
-    ``RequestClient`` (ZMQ): each RPC goes straight to the server module's handler and is
-    recorded (``sent``); ``SharedTensorHandle`` stands for the CUDA IPC / POSIX-SHM wrapper
-    (the server gets the very tensor, as CUDA IPC maps the same memory; the CPU SHM wrapper
-    would migrate the pool's storage). The worker heartbeat thread is not started. The
-    server's chunk size is the case's logical block size (one logical block, one chunk) and
-    its null-block sentinel is -1 (LMCache's default 0 is vLLM's null block, which vLLM
-    never schedules; kvconform checks every block id). Where LMCache's torch copy ops
-    refuse a layout that its compiled CUDA kernel copies (blocks-first rows), the server
-    logs and swallows the error; ``register`` probes one block and raises ``Undrivable``.
-
-What was observed (lmcache 0.5.6): under vLLM's kernel split (FlashInfer's 128-token blocks
-registered as 64-token kernel blocks) LMCache is told ``EngineGroupInfo.tokens_per_block``
-128 (the spec) and detects 64 slots per registered block, which ``KVLayerGroupsManager``
-(``lmcache/v1/kv_layer_groups.py``, shared by the CUDA and CPU cache contexts) reads as a
-2:1 *compressed* group: logical block b moves kernel block b, half of the block, from the
-wrong place. The engine-driven path does the same (``num_physical_slots`` 64 per 128-token
-chunk).
-
-Descriptors are observed, not derived: for block ``b`` every registered view is filled with
-its layer's index + 1 (bytes outside all views with 0xFF), ``b`` is stored through the
-connector, the pool is zeroed, ``b`` is loaded back, and the bytes the load wrote are the
-descriptors of the layer whose marker they carry. The pool is restored afterwards.
+Descriptors are observed: every registered view is filled with its layer's index + 1, block
+``b`` is stored through the connector, the pool is zeroed, ``b`` is loaded back, and the bytes
+the load wrote are the descriptors of the layer whose marker they carry (the pool is restored).
+Findings: docs/findings/lmcache-kernel-split-as-compression.md.
 """
 
 from __future__ import annotations
@@ -84,8 +29,8 @@ import time
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors import Undrivable
+from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
 _ADAPTER_MODULE = "lmcache.integration.vllm.vllm_multi_process_adapter"
@@ -249,19 +194,12 @@ class LMCacheMPAdapter:
     def _configured(self) -> Iterator[None]:
         """vLLM's config as the connector reads it (LMCache MP connector, this transfer
         mode, the resolved layout), with the faked services, around each call."""
-        from vllm.config import KVTransferConfig
-
         vc, _, layout_name = self._config
         with contextlib.ExitStack() as stack:
-            saved = vc.kv_transfer_config
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(
-                kv_connector="LMCacheMPConnector", kv_role="kv_both",
-                kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555,
-                                           "lmcache.mp.mp_transfer_mode": self.transfer_mode}))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
-            saved_layout = vc.cache_config.kv_cache_layout
-            vc.cache_config.kv_cache_layout = layout_name
-            stack.callback(setattr, vc.cache_config, "kv_cache_layout", saved_layout)
+            use_transfer_config(stack, vc, kv_connector="LMCacheMPConnector", kv_role="kv_both",
+                                kv_connector_extra_config={"lmcache.mp.host": "tcp://127.0.0.1", "lmcache.mp.port": 5555,
+                                                           "lmcache.mp.mp_transfer_mode": self.transfer_mode})
+            set_until_exit(stack, vc.cache_config, "kv_cache_layout", layout_name)
             stack.enter_context(self._services())
             yield
 
@@ -274,18 +212,13 @@ class LMCacheMPAdapter:
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
         module = importlib.import_module(CONNECTOR_MODULE)
-        if self.ctx.vllm is not None:
-            stack = contextlib.ExitStack()
-            vc, kcc, layout_name = self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config, self.ctx.layout
-        else:
-            from gpu_impl.connectors.nixl import _plan
-
-            stack, vc, kcc, _, _, layout = _plan(self.ctx.case, self.ctx.runner)
-            layout_name = layout.name
-        self.server, handlers, self._dispatcher = _start_server(self.ctx.block_size)
-        self.transport = InProcessTransport(handlers)
-        self._config = (vc, kcc, layout_name)
-        with stack, self._configured():
+        with contextlib.ExitStack() as stack:
+            plan = case_plan(self.ctx, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
+            self.server, handlers, self._dispatcher = _start_server(self.ctx.block_size)
+            self.transport = InProcessTransport(handlers)
+            self._config = (vc, kcc, plan.layout_name)
+            stack.enter_context(self._configured())
             self.scheduler = module.LMCacheMPConnector(vc, KVConnectorRole.SCHEDULER, kcc)
             self.worker = module.LMCacheMPConnector(vc, KVConnectorRole.WORKER, kcc)
             self.worker.register_kv_caches(dict(kv_caches))

@@ -1,23 +1,21 @@
-"""vLLM 0.33.0's ``MooncakeConnectorWorker`` registration driven on CPU, as a connector adapter.
+"""The target release's ``MooncakeConnectorWorker`` registration driven on CPU, as a connector adapter.
 
-Built like upstream's unit tests (``MooncakeConnectorWorker.__new__`` plus the attributes
-``register_kv_caches`` reads; no threads, sockets or bootstrap server), with a recording
-fake ``TransferEngine``. The real ``_sync_block_size_with_kernel`` and ``register_kv_caches``
-run. ``cache_config.block_size`` is set to the reference's post-planning value (Mooncake,
-unlike NIXL, starts its kernel-block derivation from it).
-
-Descriptors are Mooncake's: region ``i``, kernel block ``k`` ->
-``[base_i + k * block_len_i, + kv_block_len_i)`` (``_build_transfer_params``).
+Built as upstream's unit tests build it (``__new__`` plus the attributes ``register_kv_caches``
+reads: no threads, sockets or bootstrap server) with a recording ``TransferEngine``; its own
+``_sync_block_size_with_kernel`` and ``register_kv_caches`` run. Descriptors are Mooncake's:
+region ``i``, kernel block ``k`` -> ``[base_i + k * block_len_i, + kv_block_len_i)``
+(``_build_transfer_params``).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from typing import Any, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors.nixl import _plan
+from gpu_impl.connectors.base import Ranges, RegistrationContext
+from gpu_impl.connectors.vllm_setup import plan_case, set_until_exit
 
 
 class RecordingTransferEngine:
@@ -61,17 +59,14 @@ class MooncakeAdapter:
             def __del__(self):  # no threads or sockets were started
                 pass
 
-        stack, vc, kcc, specs, backends, layout = _plan(self.ctx.case, self.ctx.runner)
-        with stack:
-            vc.cache_config.kv_cache_layout = layout.name
-            stack.callback(setattr, vc.cache_config, "kv_cache_layout", None)
-            saved_bs = vc.cache_config.block_size
-            vc.cache_config.block_size = self.ctx.block_size
-            stack.callback(setattr, vc.cache_config, "block_size", saved_bs)
-            attn = [(backends[n], s) for n, s in specs.items() if hasattr(s, "num_kv_heads")]
-            pairs = list(dict.fromkeys(attn))
-            be = [b for b, _ in pairs] or list(dict.fromkeys(backends.values()))
-            sp = [s for _, s in pairs] or [None] * len(be)
+        with contextlib.ExitStack() as stack:
+            plan = plan_case(self.ctx.case, self.ctx.runner, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
+            set_until_exit(stack, vc.cache_config, "kv_cache_layout", plan.layout_name)
+            # Mooncake, unlike NIXL, starts its kernel-block derivation from the block size:
+            # the reference's post-planning value.
+            set_until_exit(stack, vc.cache_config, "block_size", self.ctx.block_size)
+            be, sp = plan.attention_backends_and_specs()
             stack.enter_context(mock.patch.object(mc, "get_current_attn_backends", lambda *a, **k: be))
             stack.enter_context(mock.patch.object(mc, "get_current_attn_backends_and_specs", lambda *a, **k: (be, sp)))
             w = _Worker.__new__(_Worker)

@@ -1,30 +1,13 @@
-"""vLLM 0.33.0's ``MooncakeStoreConnector`` (worker role) driven on CPU, as a connector adapter.
+"""The target release's ``MooncakeStoreConnector`` (worker role) driven on CPU, as a connector adapter.
 
-What runs real: the connector's constructor (``_validate_kv_cache_config``, then
-``MooncakeStoreWorker.__init__``: block/hash sizes, the store coordinator, the per-group
-``ChunkedTokenDatabase`` / ``RankLocalStoreLayout``), ``register_kv_caches``
-(``group_kernel_blocks`` and ``RankLocalStoreLayout.register_kv_caches``), and the transfer
-threads' own request handlers: ``KVCacheStoreSendingThread._handle_request`` (store masks,
-``process_tokens``, keys, ``prepare_values`` -> ``batch_put_from_multi_buffers``) and
-``KVCacheStoreRecvingThread._handle_request`` (load masks -> ``batch_get_into_multi_buffers``),
-reached through the connector's ``wait_for_save`` / ``start_load_kv``.
-
-What is faked (hardware and the external service only, as upstream's
-``tests/v1/kv_connector/unit/test_mooncake_store_worker.py`` does):
-
-- the ``mooncake.store`` package (not installed): ``MooncakeDistributedStore`` ->
-  ``RecordingMooncakeStore``, a recording fake whose put copies the given addresses through
-  ``CopyEngine.copy`` into ``engine.host_buffer`` memory keyed by the object key, and whose
-  get copies them back; ``ReplicateConfig`` -> a plain object;
-- the store's JSON config (``MooncakeStoreConfig.load_from_config``), ``get_ip``, and the
-  rank-0 ``LookupKeyServer`` (a ZMQ server for the scheduler's lookups);
-- the TP / PCP / DCP rank and world (0 / 1);
-- ``torch.cuda.Event`` (the store fences the step's compute with one);
-- the transfer threads are constructed but not started: their handlers run on the calling
-  thread, one queued request at a time, exactly as the thread's ``run`` loop would.
-
-Logical block ids address manager blocks directly: the connector views kernel-split caches
-with ``group_kernel_blocks`` and moves each logical block as ``block_len`` bytes per region.
+Its own constructor, ``register_kv_caches`` and the transfer threads' request handlers
+(store: ``batch_put_from_multi_buffers``; load: ``batch_get_into_multi_buffers``), reached
+through ``wait_for_save`` / ``start_load_kv``, run on the calling thread. Faked, as
+upstream's ``test_mooncake_store_worker.py`` does: the ``mooncake.store`` service
+(``RecordingMooncakeStore``, copying through ``CopyEngine.copy``), its config, ``get_ip``,
+the lookup server, the TP / PCP / DCP world and ``torch.cuda.Event``. Logical block ids
+address manager blocks directly (``group_kernel_blocks``). Findings:
+docs/findings/mooncake-store-bhlnc-head-region-length.md.
 """
 
 from __future__ import annotations
@@ -40,8 +23,9 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors import Undrivable
+from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.cuda_stand_ins import SyncEvent
+from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
 
 class RecordingMooncakeStore:
@@ -74,8 +58,14 @@ class RecordingMooncakeStore:
         return [1 if key in self.objects else 0 for key in keys]
 
     @staticmethod
-    def _buffers(addrs, sizes) -> list[tuple[int, int]]:
-        return [(int(a), int(n)) for a, n in zip(addrs, sizes, strict=True)]
+    def _each_key(keys, addrs, sizes, log: list) -> Iterator[tuple[str, list[tuple[int, int]], list[int], int]]:
+        """Per key: its ``(address, length)`` buffers (logged), each buffer's offset in the
+        object, and the object's size."""
+        for key, key_addrs, key_sizes in zip(keys, addrs, sizes, strict=True):
+            buffers = [(int(a), int(n)) for a, n in zip(key_addrs, key_sizes, strict=True)]
+            log.append((key, buffers))
+            offsets = list(itertools.accumulate((n for _, n in buffers), initial=0))
+            yield key, buffers, offsets, offsets[-1]
 
     def _move(self, pairs) -> None:
         """``engine.copy`` each ``(src, dst, nbytes)``; an engine error is kept for the adapter."""
@@ -88,13 +78,9 @@ class RecordingMooncakeStore:
 
     def batch_put_from_multi_buffers(self, keys, addrs, sizes, replicate_config=None) -> list[int]:
         out = []
-        for key, key_addrs, key_sizes in zip(keys, addrs, sizes, strict=True):
-            buffers = self._buffers(key_addrs, key_sizes)
-            self.puts.append((key, buffers))
-            total = sum(n for _, n in buffers)
+        for key, buffers, offsets, total in self._each_key(keys, addrs, sizes, self.puts):
             if self.engine is not None:
                 obj = self.engine.host_buffer(total)
-                offsets = itertools.accumulate((n for _, n in buffers), initial=0)
                 self._move((a, obj.data_ptr() + o, n) for (a, n), o in zip(buffers, offsets))
                 self.objects[key] = obj
             out.append(total)
@@ -102,16 +88,12 @@ class RecordingMooncakeStore:
 
     def batch_get_into_multi_buffers(self, keys, addrs, sizes) -> list[int]:
         out = []
-        for key, key_addrs, key_sizes in zip(keys, addrs, sizes, strict=True):
-            buffers = self._buffers(key_addrs, key_sizes)
-            self.gets.append((key, buffers))
-            total = sum(n for _, n in buffers)
+        for key, buffers, offsets, total in self._each_key(keys, addrs, sizes, self.gets):
             if self.engine is not None:
                 obj = self.objects.get(key)
                 if obj is None or obj.numel() != max(total, 1):
                     out.append(-1)  # Mooncake: no such object, or the buffers do not fit it
                     continue
-                offsets = itertools.accumulate((n for _, n in buffers), initial=0)
                 self._move((obj.data_ptr() + o, a, n) for (a, n), o in zip(buffers, offsets))
             out.append(total)
         return out
@@ -134,16 +116,6 @@ class _LookupKeyServer:
         pass
 
     def close(self) -> None:
-        pass
-
-
-class _CudaEvent:
-    """``torch.cuda.Event``: the store fences the step's compute before reading the pool."""
-
-    def record(self, *args: Any) -> None:
-        pass
-
-    def synchronize(self) -> None:
         pass
 
 
@@ -194,33 +166,20 @@ class MooncakeStoreAdapter:
 
     # --- registration -------------------------------------------------------------------------
 
-    def _config(self, stack: contextlib.ExitStack):
-        if self.ctx.vllm is not None:
-            return self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config, self.ctx.layout
-        from gpu_impl.connectors.nixl import _plan
-
-        plan_stack, vc, kcc, _, _, layout = _plan(self.ctx.case, self.ctx.runner)
-        stack.enter_context(plan_stack)
-        return vc, kcc, layout.name
-
     def register(self, kv_caches: Mapping[str, Any]) -> None:
-        from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import connector as sc
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import worker as sw
         from vllm.distributed.mooncake_store import MooncakeStoreConfig
 
         with contextlib.ExitStack() as stack:
-            vc, kcc, layout = self._config(stack)
+            plan = case_plan(self.ctx, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
             stack.enter_context(_fake_mooncake(self.store_service))
-            saved = vc.kv_transfer_config
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=self.connector, kv_role="kv_both"))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
-            cc = vc.cache_config
-            stack.callback(setattr, cc, "kv_cache_layout", cc.kv_cache_layout)
-            stack.callback(setattr, cc, "num_gpu_blocks", cc.num_gpu_blocks)
-            cc.kv_cache_layout = layout  # connectors are built after layout resolution
-            cc.num_gpu_blocks = kcc.num_blocks  # the engine sets it before workers register
+            use_transfer_config(stack, vc, kv_connector=self.connector, kv_role="kv_both")
+            # Connectors are built after layout resolution, and after the engine set num_gpu_blocks.
+            set_until_exit(stack, vc.cache_config, "kv_cache_layout", plan.layout_name)
+            set_until_exit(stack, vc.cache_config, "num_gpu_blocks", kcc.num_blocks)
             mc = vc.model_config
             # What the project's ModelConfig stand-in lacks: at TP 1 the total KV head count is
             # the per-rank one; the layer count only feeds a log line.
@@ -304,7 +263,7 @@ class MooncakeStoreAdapter:
         try:
             self.conn.bind_connector_metadata(meta)
             self.conn.start_load_kv(None)
-            with mock.patch("torch.cuda.Event", _CudaEvent):
+            with mock.patch("torch.cuda.Event", SyncEvent):  # the store fences the step's compute
                 self.conn.wait_for_save()
             self.conn.clear_connector_metadata()
             for thread, queue in ((w.kv_send_thread, w.kv_send_thread.request_queue), (w.kv_recv_threads[0], w.recv_request_queue)):

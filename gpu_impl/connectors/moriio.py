@@ -1,54 +1,19 @@
-"""vLLM 0.33.0's ``MoRIIOConnectorWorker`` (AMD MoRI IO, READ mode) driven on CPU, as a
+"""The target release's ``MoRIIOConnectorWorker`` (AMD MoRI IO, READ mode) driven on CPU, as a
 connector adapter.
 
-What runs real (vLLM's own code, unchanged):
+Its own constructor, ``register_kv_caches`` (the per-layer transfer geometry, the one
+page-aligned shared memory region), the handshake (its own listener and dialler over
+in-process sockets) and the READ planning (``_read_blocks`` down to ``read_remote_data``)
+run. Faked: ``mori.io`` (the stand-ins below record each posted read and, with a copy
+engine, move it), ZMQ, the TP world, the open ports and the attention-backend lookup.
+Without ``msgpack`` (not in vLLM's CPU install) the adapter is ``Undrivable``; so is a CPU
+pool that is not page-aligned and page-padded as ROCm's is, once the connector's own
+geometry checks have passed (``SHARED_MR_SOURCE``, ``ROCM_PADDING_SOURCE``).
 
-- ``MoRIIOConnectorWorker.__init__`` (``MoRIIOConfig.from_vllm_config``, ``MoRIIOWrapper``,
-  the backend set-up) and ``register_kv_caches``: the layer filter, the Mamba (KDA) state
-  split, ``moriio_layout.get_layer_transfer_geometry`` per layer (the shape-pattern
-  inference: legacy 5-D K/V-first and blocks-first, the standardized 4-D ``[B, H, N, C]``
-  path), the registration regions, ``_build_shared_kv_mr`` (one page-aligned memory region
-  over the shared pool), ``_record_slice_layouts`` and the metadata it advertises;
-- the handshake: the worker's own ``_moriio_handshake_listener`` encodes what a peer is
-  sent, its own ``_moriio_handshake`` decodes and registers it;
-- the READ transfer planning: ``_read_blocks`` (block-id payload per group, sessions per
-  registered region via ``_get_built_session``, ``_compute_read_attention_offsets`` ->
-  ``moriio_layout.compute_block_transfer_offsets``, or ``compute_head_slice_offsets`` where a
-  block is not one dense run (LHBNC), + ``merge_contiguous_blocks`` +
-  ``_apply_layer_mr_offsets`` for attention layers, ``_compute_mamba_transfer_offsets``
-  for KDA layers) down to ``MoRIIOWrapper.read_remote_data``, which posts the RDMA reads.
-
-vLLM's ``moriio_connector.py`` imports ``msgpack`` (not a dependency of vLLM's CPU install):
-without it the adapter is ``Undrivable``.
-
-What is faked (hardware, or a service), and why:
-
-- ``mori.io`` (not installed; AMD RDMA/XGMI): ``IOEngine``, ``IOEngineConfig``,
-  ``BackendType``, ``EngineDesc``, ``MemoryDesc``, ``RdmaBackendConfig``,
-  ``XgmiBackendConfig``, ``PollCqMode`` -> the stand-ins below, patched into the two
-  modules that import them. A registered tensor becomes a ``MemoryDesc(data, size)``;
-  a session's ``batch_read`` records each posted read as absolute ``(local, remote,
-  size)`` and, with a copy engine attached, moves it through ``engine.copy``;
-- ZMQ (the handshake sockets) -> in-process sockets handing the listener's frames to the
-  dialling side; the listener *thread* and the notify thread are not started;
-- the TP rank and world (0 of 1), the world group, the open-port lookup (the host IP and
-  ports are set in the extra config);
-- the attention-backend lookup in ``__init__`` (only its name is advertised) -> the case's
-  backend class.
-
-MoRIIO registers the whole shared pool as one RDMA region whose start is rounded *down* to
-a 4 KiB page (``_build_shared_kv_mr``). On ROCm, vLLM pads the pool to whole pages for it
-(``v1/worker/utils.py:585-592``) and the device allocator hands out page-aligned memory; a
-CPU pool is neither, and the region cannot be formed (a negative storage offset). Such a
-pool is ``Undrivable`` once the connector's own geometry checks (which come first, and
-raise its refusals) have passed; a page-aligned, page-padded pool (what ROCm gives) is
-driven through.
-
-``descriptors(layer, b)``: the local side of the reads ``_read_blocks`` posts for logical
-block ``b`` (in every group) from a peer with this engine's layout (the engine itself:
-the worker's own advertised metadata, handshaken back). ``store`` / ``load``: the peer is
-an identical engine holding a copy of this pool as it is at the store; ``load`` runs
-``_read_blocks`` from it into ``block_ids``, every posted read moved by ``engine.copy``.
+``descriptors(layer, b)``: the local side of the reads ``_read_blocks`` posts for block ``b``
+from a peer with this engine's layout. ``store`` / ``load``: the peer is an identical engine
+holding a copy of the pool; ``load`` READs from it. Findings:
+docs/findings/moriio-bhlnc-last-block-outside-region.md.
 """
 
 from __future__ import annotations
@@ -62,8 +27,8 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors import Undrivable
+from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
 _MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.moriio"
 PAGE = 4096
@@ -286,15 +251,6 @@ class MoRIIOAdapter:
 
     # --- registration ---------------------------------------------------------------------
 
-    def _config(self, stack: contextlib.ExitStack):
-        if self.ctx.vllm is not None:
-            return self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config, self.ctx.vllm.backends
-        from gpu_impl.connectors.nixl import _plan
-
-        plan_stack, vc, kcc, _, backends, _ = _plan(self.ctx.case, self.ctx.runner)
-        stack.enter_context(plan_stack)
-        return vc, kcc, backends
-
     @contextlib.contextmanager
     def _fakes(self, backends: Mapping[str, Any]) -> Iterator[None]:
         """mori.io, the TP world, ports and the attention-backend lookup, while vLLM's code runs."""
@@ -323,8 +279,6 @@ class MoRIIOAdapter:
             yield
 
     def register(self, kv_caches: Mapping[str, Any]) -> None:
-        from vllm.config import KVTransferConfig
-
         try:
             from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_connector as mc
             from vllm.distributed.kv_transfer.kv_connector.v1.moriio import moriio_engine as me
@@ -340,13 +294,11 @@ class MoRIIOAdapter:
             ready.set()
 
         with contextlib.ExitStack() as stack:
-            vc, kcc, backends = self._config(stack)
-            saved = vc.kv_transfer_config
+            plan = case_plan(self.ctx, stack)
+            vc, kcc, backends = plan.vllm_config, plan.kv_cache_config, plan.backends
             extra = {"read_mode": "true", "host_ip": _HOST, "handshake_port": _HANDSHAKE_PORT,
                      "notify_port": _HANDSHAKE_PORT + 1, "http_port": _HANDSHAKE_PORT + 2}
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(
-                kv_connector=self.connector, kv_role="kv_consumer", kv_connector_extra_config=extra))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
+            use_transfer_config(stack, vc, kv_connector=self.connector, kv_role="kv_consumer", kv_connector_extra_config=extra)
             mc_model = vc.model_config
             if not hasattr(mc_model, "get_total_num_kv_heads"):
                 # The project's model stand-in: TP 1, so the total is the per-rank count.

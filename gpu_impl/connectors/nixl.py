@@ -1,18 +1,11 @@
-"""vLLM 0.33.0's ``NixlConnectorWorker`` (pull) driven on CPU, as a connector adapter.
+"""The target release's ``NixlConnectorWorker`` (pull) driven on CPU, as a connector adapter.
 
-The real ``__init__``, ``_sync_block_size_with_kernel`` and ``register_kv_caches`` run; what
-needs hardware or a cluster is faked (upstream ``tests/v1/kv_connector/unit`` does the same):
-
-- ``NixlWrapper`` -> ``RecordingNixl`` (records ``register_memory`` and descriptor lists);
-- ``current_platform`` -> a CUDA stand-in (device type, NIXL memory type ``VRAM``);
-- TP rank/world size -> 0/1; ``TransferTopology`` and the compatibility hash -> stubs;
-- ``get_current_attn_backends[_and_specs]`` -> the case's real backend classes and specs
-  (the layers' ``get_attn_backend`` needs constructed layers).
-
-The KV cache config, backends and specs come from vLLM's own planning code
-(``gpu_impl.vllm_cpu.planning``). Descriptors are NIXL's: for region ``i`` and kernel block
-``k``, ``[base_i + k * block_stride_i, + block_len_i)``; logical ids are expanded by the
-worker's own ``_logical_to_kernel_block_ids``.
+Its own ``__init__``, ``_sync_block_size_with_kernel`` and ``register_kv_caches`` run on the
+case as vLLM plans it (``vllm_setup.plan_case``); NIXL itself, the platform, the TP world and
+the handshake are faked, as upstream's ``tests/v1/kv_connector/unit`` does. Descriptors are
+NIXL's: region ``i``, kernel block ``k`` -> ``[base_i + k * block_stride_i, + block_len_i)``,
+logical ids expanded by the worker's own ``_logical_to_kernel_block_ids``. Findings:
+docs/findings/nixl-blhnc-hybrid-group-block-len.md.
 """
 
 from __future__ import annotations
@@ -22,7 +15,8 @@ from types import SimpleNamespace
 from typing import Any, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
+from gpu_impl.connectors.base import Ranges, RegistrationContext
+from gpu_impl.connectors.vllm_setup import plan_case, set_until_exit, use_transfer_config
 
 
 class RecordingNixl:
@@ -57,27 +51,6 @@ class RecordingNixl:
         return lambda *a, **k: None
 
 
-def _plan(case, runner: str):
-    """vLLM's own kv_cache_config, per-layer specs and backend classes for the case."""
-    from gpu_impl.vllm_cpu import planning as p
-    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-    from gpu_impl.vllm_cpu import planning_api as planning
-
-    stack = contextlib.ExitStack()
-    vc = stack.enter_context(p._configure(case))
-    specs, backends, _ = p._specs(case, runner, vc)
-    distinct = list({cls.full_cls_name(): cls for cls in backends.values()}.values())
-    supported = [layout.name for layout in get_supported_kv_cache_layouts(distinct)]
-    layout = resolve_kv_cache_layout(vc, [supported], list(specs.values()))
-    groups = planning.global_kv_cache_groups(vc, [specs])
-    if case.num_blocks is not None:
-        available = case.num_blocks * planning.pool_bytes_per_block(vc, groups)
-    else:
-        available = case.kv_cache_memory_bytes
-    kcc = planning.kv_cache_config_from_groups(vc, groups, available)
-    return stack, vc, kcc, specs, backends, layout
-
-
 class NixlAdapter:
     """``validate_registration`` adapter around the real NIXL pull worker."""
 
@@ -95,24 +68,17 @@ class NixlAdapter:
         self.caches: dict[str, Any] = {}
 
     def register(self, kv_caches: Mapping[str, Any]) -> None:
-        from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker as bw
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker
 
-        case = self.ctx.case
-        stack, vc, kcc, specs, backends, layout = _plan(case, self.ctx.runner)
-        with stack:
-            saved = vc.kv_transfer_config
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cuda"))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
-            vc.cache_config.kv_cache_layout = layout.name
-            stack.callback(setattr, vc.cache_config, "kv_cache_layout", None)
+        with contextlib.ExitStack() as stack:
+            plan = plan_case(self.ctx.case, self.ctx.runner, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
+            use_transfer_config(stack, vc, kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cuda")
+            set_until_exit(stack, vc.cache_config, "kv_cache_layout", plan.layout_name)
             vc.model_config.enable_sleep_mode = False
             vc.model_config.get_total_num_kv_heads = vc.model_config.get_num_kv_heads
-            attn = [(backends[n], s) for n, s in specs.items() if hasattr(s, "num_kv_heads")]
-            pairs = list(dict.fromkeys(attn))
-            be = [b for b, _ in pairs] or list(dict.fromkeys(backends.values()))
-            sp = [s for _, s in pairs] or [None] * len(be)
+            be, sp = plan.attention_backends_and_specs()
             platform = SimpleNamespace(device_type="cuda", get_nixl_memory_type=lambda: "VRAM")
             fakes = {
                 "NixlWrapper": RecordingNixl,

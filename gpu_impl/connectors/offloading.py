@@ -1,50 +1,17 @@
-"""vLLM 0.33.0's ``OffloadingConnector`` (worker role, default CPU tier) driven on CPU, as a
+"""The target release's ``OffloadingConnector`` (worker role, default CPU tier) driven on CPU, as a
 connector adapter.
 
-What runs real (vLLM's own code, unchanged):
-
-- ``OffloadingConnector.__init__`` for the worker role: ``build_offloading_config`` and
-  ``OffloadingSpecFactory`` (``CPUOffloadingSpec``: chunk count and chunk size);
-- ``OffloadingConnectorWorker.register_kv_caches`` (``offloading/worker.py``):
-  ``derive_canonical_mappings``, ``group_kernel_blocks``, the ``(num_blocks, page)`` byte
-  views, the packed-row detection, the aliasing of overlaid groups -> ``CanonicalKVCaches``;
-- ``CPUOffloadingSpec.get_worker`` / ``create_worker``, ``CPUOffloadingWorker.__init__`` (its
-  CPU tensors carved by ``SharedOffloadRegion.create_next_worker_view``) and the three
-  ``SingleDirectionOffloadingHandler``s (``kv_offload/cpu/gpu_worker.py``);
-- the transfers, through the connector's own entry points (``bind_connector_metadata``,
-  ``wait_for_save`` -> ``prepare_store_kv``, ``start_load_kv`` -> ``start_kv_transfers``,
-  ``get_finished``): ``transfer_async`` turns GPU block ids and CPU chunk ids into
-  ``(src, dst, size)`` descriptors (``compute_sub_block_ptrs``, ``_fill_direct_ops``).
-
-What is faked (hardware, or a host service), and why:
-
-- ``current_platform`` (in ``cpu/spec.py`` and ``cpu/gpu_worker.py``) -> a CUDA stand-in:
-  ``get_worker`` refuses non-CUDA platforms; streams are no-ops;
-- ``torch.Event`` -> an event that is always complete (the fake copies are synchronous);
-- ``Tensor.is_cuda`` -> True for the registered pool's storage only (the handler asserts its
-  GPU tensors are on the device; on this machine the pool stands for device memory);
-- ``SharedOffloadRegion`` (a ``/dev/shm`` mmap shared by the workers, with a gloo barrier)
-  -> a subclass with the same geometry whose memory comes from ``engine.host_buffer`` at the
-  first transfer (until then, placeholder CPU memory: the region is sized at registration,
-  before the round trip's copy engine exists);
-- ``PIN_MEMORY`` -> False (pinning is CUDA's; with pageable host memory the handler selects
-  ``ops.swap_blocks_batch`` in both directions instead of its Triton fast path for loads;
-  both take the same descriptors);
-- ``ops.swap_blocks_batch`` (``cuMemcpyBatchAsync``) -> one ``engine.copy`` per descriptor.
-
-The vLLM config and kv_cache_config are the runner's (``ctx.vllm``), else vLLM's own planning
-(``gpu_impl.connectors.nixl._plan``), with ``kv_transfer_config`` naming OffloadingConnector
-and ``VLLM_USE_V2_MODEL_RUNNER`` matching the runner (the connector's parallelism-agnostic
-claim reads it). After the constructor (whose config checks may refuse) and before
-``register_kv_caches``, the layout is checked: vLLM's ``resolve_kv_cache_layout`` with the
-connector configured must give the layout the tensors were built in (an explicit
-``VLLM_KV_CACHE_LAYOUT`` wins over the connector's LBHNC, so a forced layout reaches the
-connector as it would in vLLM); otherwise the case is ``Undrivable`` (the connector would be
-handed other tensors). The connector itself never checks the layout.
-
-The CPU chunk ids a store writes to are chosen here (the scheduler's ``CPUOffloadingManager``
-is not run): chunks from the end of the CPU cache, one per (group, block), so chunk 0 never
-hides an offset error.
+Its own constructor (offloading config, ``CPUOffloadingSpec``), ``register_kv_caches``
+(canonical mappings, packed-row detection, group aliasing), the CPU worker and its
+handlers, and the transfers through the connector's own entry points (``wait_for_save``,
+``start_load_kv``, ``get_finished``) run. Faked, hardware or a host service: the CUDA
+platform, streams and events, ``Tensor.is_cuda`` (True for the registered pool only),
+``SharedOffloadRegion`` (its memory from ``engine.host_buffer``), pinning and
+``ops.swap_blocks_batch`` (one ``engine.copy`` per descriptor). A layout other than the one
+vLLM resolves with the connector configured is ``Undrivable`` (the connector would be handed
+other tensors; it never checks the layout itself). A store uses CPU chunks from the end of
+the cache, so chunk 0 never hides an offset error. Findings:
+docs/findings/offloading-lhbnc-packed-row-misdetection.md.
 """
 
 from __future__ import annotations
@@ -57,49 +24,20 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping, Sequence
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors import Undrivable
-from gpu_impl.connectors.nixl import _plan
+from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.cuda_stand_ins import SyncEvent, SyncStream
+from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
 REQUIRED_LAYOUT_SOURCE = "vllm/distributed/kv_transfer/kv_connector/v1/offloading_connector.py:236"
 """Where ``OffloadingConnector.get_required_kvcache_layout`` says LBHNC (BLHNC with HiSparse)."""
-
-
-class _Stream:
-    """A CUDA stream: transfers are ordered by running synchronously."""
-
-    def wait_stream(self, stream: Any) -> None:
-        pass
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-
-class _Event:
-    """A CUDA event over synchronous copies: always complete."""
-
-    def __init__(self, enable_timing: bool = False) -> None:
-        pass
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end_event: Any) -> float:
-        return 0.0
 
 
 _CUDA = SimpleNamespace(
     is_cuda_alike=lambda: True,
     is_rocm=lambda: False,
     is_xpu=lambda: False,
-    Stream=_Stream,
-    current_stream=_Stream,
+    Stream=SyncStream,
+    current_stream=SyncStream,
     stream=lambda stream: contextlib.nullcontext(),
 )
 """The ``current_platform`` answers the CPU tier reads."""
@@ -170,15 +108,13 @@ def _host_region_class():
 
 def _layout_with_connector(vc: Any, kcc: Any, backends: Mapping[str, Any]) -> str:
     """The layout vLLM's ``resolve_kv_cache_layout`` picks for the case with ``vc``'s connector
-    (an explicit ``VLLM_KV_CACHE_LAYOUT`` wins over the connector's requirement); it records
-    the result on ``vc.cache_config`` as the engine core does."""
+    (an explicit ``VLLM_KV_CACHE_LAYOUT`` wins over the connector's requirement)."""
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.kv_cache_interface import iter_layer_specs
 
     distinct = list({cls.full_cls_name(): cls for cls in backends.values()}.values())
     supported = [layout.name for layout in get_supported_kv_cache_layouts(distinct)]
     specs = [spec for group in kcc.kv_cache_groups for spec in iter_layer_specs(group.kv_cache_spec)]
-    vc.cache_config.kv_cache_layout = None  # a recorded layout would win outright
     return resolve_kv_cache_layout(vc, [supported], specs).name
 
 
@@ -193,7 +129,7 @@ def _cuda_stand_in(extra: Sequence[Any] = ()) -> Iterator[None]:
             mock.patch.object(spec, "current_platform", _CUDA),
             mock.patch.object(gpu_worker, "current_platform", _CUDA),
             mock.patch.object(gpu_worker, "PIN_MEMORY", False),
-            mock.patch.object(torch, "Event", _Event),
+            mock.patch.object(torch, "Event", SyncEvent),
             *extra,
         ):
             stack.enter_context(patch)
@@ -230,26 +166,21 @@ class OffloadingAdapter:
     def register(self, kv_caches: Mapping[str, Any]) -> None:
         import torch
         from vllm import _custom_ops
-        from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
         from vllm.v1.kv_offload.cpu import spec as cpu_spec
 
-        if self.ctx.vllm is not None:
-            stack = contextlib.ExitStack()
-            vc, kcc, backends = self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config, self.ctx.vllm.backends
-        else:
-            stack, vc, kcc, _, backends, _ = _plan(self.ctx.case, self.ctx.runner)
-        with stack:
+        with contextlib.ExitStack() as stack:
+            plan = case_plan(self.ctx, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
             pool = next(iter(kv_caches.values())).untyped_storage().nbytes()
             # Room for every (group, logical block) in the CPU cache, chunk padding included.
             cpu_bytes = len(kcc.kv_cache_groups) * (pool + kcc.num_blocks * mmap.PAGESIZE)
-            transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both", engine_id="kvconform-engine",
-                                        kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes})
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", vc.kv_transfer_config)
-            object.__setattr__(vc, "kv_transfer_config", transfer)
-            stack.callback(setattr, vc.cache_config, "kv_cache_layout", vc.cache_config.kv_cache_layout)
-            layout = _layout_with_connector(vc, kcc, backends)
+            use_transfer_config(stack, vc, kv_connector="OffloadingConnector", kv_role="kv_both", engine_id="kvconform-engine",
+                                kv_connector_extra_config={"cpu_bytes_to_use": cpu_bytes})
+            # A recorded layout would win outright over the connector's requirement.
+            set_until_exit(stack, vc.cache_config, "kv_cache_layout", None)
+            layout = _layout_with_connector(vc, kcc, plan.backends)
             # The connector asks the config which runner runs (use_v2_model_runner reads the env).
             stack.enter_context(mock.patch.dict("os.environ", {"VLLM_USE_V2_MODEL_RUNNER": str(int(self.ctx.runner == "mrv2"))}))
             # The TP world is faked to one rank: this rank's heads are all the heads.

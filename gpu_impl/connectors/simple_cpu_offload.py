@@ -1,38 +1,13 @@
-"""vLLM 0.33.0's ``SimpleCPUOffloadConnector`` (worker role) driven on CPU, as a connector adapter.
+"""The target release's ``SimpleCPUOffloadConnector`` (worker role) driven on CPU, as a connector adapter.
 
-What runs real: the connector's own constructor (``SimpleCPUOffloadConnector(vllm_config,
-WORKER, kv_cache_config)``, which builds its ``SimpleCPUOffloadWorker``), the worker's
-``register_kv_caches`` (it walks ``kv_cache_config.kv_cache_tensors`` over the raw storage,
-cuts ``[num_blocks, block_stride]`` regions, sizes and allocates its CPU cache), the DMA
-backend's ``build_params`` and ``copy_blocks`` (block ids -> ``base + id * bytes_per_block``
-copy descriptors, per region), and the worker-side store / load path: ``bind_connector_metadata``,
-``wait_for_save`` (store, GPU -> CPU), ``start_load_kv`` (load, CPU -> GPU), the backend's
-queue and ``_copy_loop``, ``get_finished`` / ``build_connector_worker_meta``.
-
-What is faked (hardware only):
-
-- ``cuMemcpyBatchAsync`` (``cuda_mem_ops._batch_memcpy``): a stand-in that reads the
-  descriptor arrays the real ``copy_blocks`` built and moves each one through
-  ``CopyEngine.copy`` (or, for ``descriptors``, only records them);
-- CUDA streams and events (``torch.cuda.Stream``, ``torch.Event``, ``current_stream``) in the
-  worker and backend modules: the copies have run when the event is queried;
-- ``pin_tensor`` (``cudaHostRegister``) and the pinned host allocation: during ``store`` the
-  CPU cache the worker allocates (``torch.zeros(..., device="cpu")`` in ``_init_cpu_mode``) is
-  ``engine.host_buffer`` memory, so both sides of every copy are bounds-checked;
-- the backend's copy thread: ``_copy_loop`` itself runs, on the calling thread, once per
-  transfer (so a refused copy raises into the caller instead of killing a daemon thread);
-- ``current_platform.set_device``.
-
-The CPU cache is allocated at registration, and the round trip's engine only arrives with
-``store``; so ``store`` re-runs the real ``register_kv_caches`` with the host allocation bound
-to that engine. Its capacity is the connector's own sizing from ``cpu_bytes_to_use`` = the GPU
-pool's size (``sizing.gpu_total_bytes``), i.e. a CPU pool as large as the GPU one.
-
-Which CPU block ids a store uses is the scheduler's choice (``SimpleCPUOffloadScheduler``, not
-run here): ``store`` uses CPU blocks ``0 .. n-1``. The connector never splits blocks: it
-addresses logical blocks with the config's manager strides, so there is no kernel block size.
-Descriptors of a layer are the copy descriptors of the regions holding that layer's bytes
-(block-outermost layouts: the one packed row region, shared by every layer).
+Its own constructor, ``register_kv_caches`` (``[num_blocks, block_stride]`` regions over the
+raw storage, the CPU cache sized from ``cpu_bytes_to_use`` = the GPU pool's size), the DMA
+backend's ``copy_blocks`` and the store / load path (``wait_for_save``, ``start_load_kv``,
+the backend's ``_copy_loop`` run on the calling thread) run. Faked, hardware only:
+``cuMemcpyBatchAsync`` (each descriptor through ``CopyEngine.copy``), CUDA streams and
+events, pinning (the host cache is ``engine.host_buffer`` memory, so ``store`` re-runs the
+registration once the round trip's engine exists) and ``set_device``. A store uses CPU
+blocks ``0 .. n-1`` (the scheduler's choice, not run). The connector never splits blocks.
 """
 
 from __future__ import annotations
@@ -43,40 +18,12 @@ import types
 from typing import Any, Callable, Iterator, Mapping
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
-from gpu_impl.connectors import Undrivable
+from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.cuda_stand_ins import SyncEvent, SyncStream
+from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
 _REQUEST = "kvconform"
 """The request id a load reports back (``load_event_to_reqs``)."""
-
-
-class _Stream:
-    """A CUDA stream: the copies it would order have already run."""
-
-    cuda_stream = 0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    @staticmethod
-    def priority_range() -> tuple[int, int]:
-        return 0, -1
-
-    def wait_event(self, event: Any) -> None:
-        pass
-
-
-class _Event:
-    """A CUDA event recorded after a synchronous copy: always complete."""
-
-    def record(self, stream: Any = None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        pass
 
 
 class _InlineThread:
@@ -120,8 +67,8 @@ class _TorchProxy(types.ModuleType):
         super().__init__("torch")
         self._torch = torch
         self.host_alloc: Callable[[int], Any] | None = None
-        self.cuda = types.SimpleNamespace(Stream=_Stream, current_stream=lambda *a, **k: _Stream())
-        self.Event = _Event
+        self.cuda = types.SimpleNamespace(Stream=SyncStream, current_stream=lambda *a, **k: SyncStream())
+        self.Event = SyncEvent
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._torch, name)
@@ -185,26 +132,14 @@ class SimpleCPUOffloadAdapter:
     @contextlib.contextmanager
     def _config(self) -> Iterator[tuple[Any, Any]]:
         """The case's VllmConfig and KVCacheConfig, with this connector as the transfer config."""
-        from vllm.config import KVTransferConfig
         from vllm.v1.simple_kv_offload.sizing import gpu_total_bytes
 
-        from gpu_impl.connectors.nixl import _plan
-
         with contextlib.ExitStack() as stack:
-            if self.ctx.vllm is not None:
-                vc, kcc = self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config
-            else:
-                stack_, vc, kcc, *_ = _plan(self.ctx.case, self.ctx.runner)
-                stack.enter_context(stack_)
-            saved = vc.kv_transfer_config
-            transfer = KVTransferConfig(
-                kv_connector=self.connector,
-                kv_role="kv_both",
-                # A CPU pool as large as the GPU pool; the worker sizes its blocks from it.
-                kv_connector_extra_config={"cpu_bytes_to_use": gpu_total_bytes(kcc)},
-            )
-            object.__setattr__(vc, "kv_transfer_config", transfer)
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
+            plan = case_plan(self.ctx, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
+            # A CPU pool as large as the GPU pool; the worker sizes its blocks from it.
+            use_transfer_config(stack, vc, kv_connector=self.connector, kv_role="kv_both",
+                                kv_connector_extra_config={"cpu_bytes_to_use": gpu_total_bytes(kcc)})
             yield vc, kcc
 
     def _drain(self) -> None:

@@ -1,25 +1,12 @@
-"""vLLM 0.33.0's ``UMBPStoreConnector`` (worker role) driven on CPU, as a connector adapter.
+"""The target release's ``UMBPStoreConnector`` (worker role) driven on CPU, as a connector adapter.
 
-What runs real: the connector's constructor (``RankTopology``, ``UMBPRuntimeConfig``, the
-draft-group check, ``UMBPNamespace``, ``KVLayoutPlanner.from_kv_cache_config``: one region
-per layer from the ``KVCacheConfig`` placement, ``block_stride`` from its ``KVCacheTensor``
-and ``page_size_bytes`` from its spec), ``register_kv_caches`` (``KVLayoutPlanner.
-register_kv_caches``: base addresses, and the check that the tensor's ``stride(0) * elem``
-divides the planned ``block_stride``), and the worker's store and load paths: the
-connector's ``wait_for_save`` / ``start_load_kv`` -> ``UMBPStoreConnectorWorker`` (key
-localization, ``KVLayoutPlanner.materialize``: block id -> ``KVRange`` list) -> the runtime.
-
-What is faked: the UMBP runtime, an external service (vLLM ships only its registry,
-``UMBPRuntimeFactory``; the adapter registers ``RecordingUMBPRuntime`` as the ``embedded``
-mode while the connector is built). Its worker handle stores each object in
-``engine.host_buffer`` memory keyed by the object key, copying every ``KVRange``
-``[base_address, + length)`` through ``CopyEngine.copy`` to ``object_offset`` in the object,
-and loads by copying back. Jobs finish synchronously. TP rank and world come from the case's
-parallel config (TP 1).
-
-What the scheduler decides (which block ids of which groups to store or load, under which
-key) is given the way the scheduler sends it: ``BlockStoreBatch`` / ``BlockLoadBatch`` with
-one block per prefix-cacheable group and keys from the connector's own ``BlockIdentityCodec``.
+Its own constructor (``KVLayoutPlanner.from_kv_cache_config``: one region per layer),
+``register_kv_caches`` and the worker's store and load paths (``wait_for_save`` /
+``start_load_kv`` -> ``KVLayoutPlanner.materialize``) run; the UMBP runtime, an external
+service vLLM ships only a registry for, is ``RecordingUMBPRuntime``, which moves each
+``KVRange`` through ``CopyEngine.copy``. The scheduler's batches (one block per
+prefix-cacheable group, keys from the connector's own codec) are built as it sends them.
+Findings: docs/findings/umbp-bhlnc-layer-page-as-one-run.md.
 """
 
 from __future__ import annotations
@@ -30,7 +17,8 @@ import itertools
 from typing import Any, Mapping, Sequence
 from unittest import mock
 
-from conformance.connectors.protocol import Ranges, RegistrationContext
+from gpu_impl.connectors.base import Ranges, RegistrationContext
+from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
 
 class RecordingUMBPRuntime:
@@ -131,25 +119,14 @@ class UMBPAdapter:
         self._ids = itertools.count()
         self._planned: dict[int, list[Any]] = {}
 
-    def _config(self, stack: contextlib.ExitStack):
-        if self.ctx.vllm is not None:
-            return self.ctx.vllm.vllm_config, self.ctx.vllm.kv_cache_config
-        from gpu_impl.connectors.nixl import _plan
-
-        plan_stack, vc, kcc, _, _, _ = _plan(self.ctx.case, self.ctx.runner)
-        stack.enter_context(plan_stack)
-        return vc, kcc
-
     def register(self, kv_caches: Mapping[str, Any]) -> None:
-        from vllm.config import KVTransferConfig
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.distributed.kv_transfer.kv_connector.v1.umbp import connector as uc
 
         with contextlib.ExitStack() as stack:
-            vc, kcc = self._config(stack)
-            saved = vc.kv_transfer_config
-            object.__setattr__(vc, "kv_transfer_config", KVTransferConfig(kv_connector=self.connector, kv_role="kv_both"))
-            stack.callback(object.__setattr__, vc, "kv_transfer_config", saved)
+            plan = case_plan(self.ctx, stack)
+            vc, kcc = plan.vllm_config, plan.kv_cache_config
+            use_transfer_config(stack, vc, kv_connector=self.connector, kv_role="kv_both")
             # The runtime registry vLLM ships empty (adapters register themselves, e.g. MORI's).
             stack.enter_context(mock.patch.dict(uc.UMBPRuntimeFactory._builders, {"embedded": lambda config: self.runtime}))
             self.conn = uc.UMBPStoreConnector(vc, KVConnectorRole.WORKER, kcc)

@@ -25,6 +25,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from gpu_impl.tiny_llm import shutdown_engine_core
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -114,13 +116,6 @@ def device_info() -> dict[str, Any]:
     return info
 
 
-def _shutdown(llm: Any) -> None:
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - best effort; the process exits right after
-        pass
-
-
 def run(spec: dict[str, Any], report_path: Path, workdir: Path) -> int:
     t0 = time.monotonic()
     report: dict[str, Any] = {"run_id": spec.get("run_id"), "spec": spec, "ok": False, "stage": "env", "timings": {}}
@@ -169,7 +164,7 @@ def run(spec: dict[str, Any], report_path: Path, workdir: Path) -> int:
         _write(report_path, report)
         if llm is not None:
             t3 = time.monotonic()
-            _shutdown(llm)
+            shutdown_engine_core(llm)  # the process exits right after
             report["timings"]["shutdown_s"] = round(time.monotonic() - t3, 2)
             _write(report_path, report)
     return 0 if report["ok"] else 1

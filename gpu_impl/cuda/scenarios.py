@@ -14,6 +14,7 @@ from typing import Any
 from reference.config import CaseConfig, LayerConfig, uniform_layers
 
 from gpu_impl.cuda import models
+from gpu_impl.tiny_llm import token_prompts
 
 RUNNERS = ("mrv1", "mrv2")
 RUNNER_ENV = {"mrv1": "0", "mrv2": "1"}
@@ -123,7 +124,7 @@ def mla_backend(capability: tuple[int, int]) -> str:
 
 
 def auto_dense_backend(capability: tuple[int, int]) -> str:
-    """What vLLM 0.33.0 auto-selects for a bf16 GQA layer (``cuda._get_backend_priorities``).
+    """What the target release auto-selects for a bf16 GQA layer (``cuda._get_backend_priorities``).
 
     Used for an Eagle draft under MRv1, whose draft config auto-selects (the reference's
     ``layer_backend``); MRv2 keeps the target's ``--attention-backend``.
@@ -183,7 +184,7 @@ def reference_case(scenario: Scenario, capability: tuple[int, int], draft_method
 
 def prompts(lengths: tuple[int, ...], vocab: int = models.VOCAB) -> list[list[int]]:
     """Token-id prompts with distinct first tokens (no shared prefix, no prefix-cache hits)."""
-    return [[3 + (p * 97 + 11 * t) % (vocab - 3) for t in range(n)] for p, n in enumerate(lengths)]
+    return token_prompts(lengths, vocab)
 
 
 def run_id(scenario: str, runner: str) -> str:

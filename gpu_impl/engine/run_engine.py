@@ -13,7 +13,8 @@ less than a Python + vLLM start). ``OUT.json`` gets::
 
 ``worker`` and ``scheduler`` are what ``recording_connector.RecordingConnector``
 wrote (see there). Run it with the engine venv's python (``scripts/engine_env.sh``);
-it needs nothing from kvconform itself, so it reads the case as plain JSON.
+of kvconform it imports only standard-library modules (``gpu_impl.cuda.models``,
+``gpu_impl.tiny_llm``), so it reads the case as plain JSON.
 
 What a case may set, and how it maps onto the engine:
 - ``layers``: N uniform full-attention layers named ``model.layers.{i}.self_attn.attn``
@@ -43,6 +44,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: its directory, not the root, is on the path
+    sys.path.insert(0, str(ROOT))
+
+from gpu_impl.cuda.models import qwen3_config  # noqa: E402 - standard library only
+from gpu_impl.tiny_llm import shutdown_engine_core, token_prompts  # noqa: E402 - standard library only
+
 CONNECTOR_MODULE = "gpu_impl.engine.recording_connector"
 CONNECTOR_CLASS = "RecordingConnector"
 LAYER_NAME = "model.layers.{i}.self_attn.attn"
@@ -73,28 +80,15 @@ def model_config(case: dict[str, Any]) -> dict[str, Any]:
     if len(geometry) != 1:
         raise UnsupportedCase(f"a Qwen3 config has one (num_kv_heads, head_size) for all layers, got {sorted(geometry)}")
     num_kv_heads, head_size = geometry.pop()
-    return {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        "vocab_size": VOCAB,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": len(layers),
-        "num_attention_heads": 2 * num_kv_heads,
-        "num_key_value_heads": num_kv_heads,
-        "head_dim": head_size,
-        "hidden_act": "silu",
-        "max_position_embeddings": max(4096, int(case.get("max_model_len", 4096))),
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "tie_word_embeddings": True,
-        "use_sliding_window": False,
-        "torch_dtype": case.get("model_dtype", "bfloat16"),
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-    }
+    return qwen3_config(
+        len(layers),
+        num_kv_heads=num_kv_heads,
+        head_dim=head_size,
+        hidden_size=128,
+        vocab_size=VOCAB,
+        max_position_embeddings=max(4096, int(case.get("max_model_len", 4096))),
+        dtype=case.get("model_dtype", "bfloat16"),
+    )
 
 
 def prompts_for(block_size: int, num_blocks: int, max_model_len: int) -> list[list[int]]:
@@ -109,7 +103,7 @@ def prompts_for(block_size: int, num_blocks: int, max_model_len: int) -> list[li
         blocks = max(1, min(wanted_blocks, budget))
         length = (blocks - 1) * block_size + max(1, min(extra or 7, block_size - MAX_NEW_TOKENS))
         lengths.append(max(1, min(length, max_model_len - MAX_NEW_TOKENS)))
-    return [[3 + (p * 97 + 11 * t) % (VOCAB - 3) for t in range(n)] for p, n in enumerate(lengths)]
+    return token_prompts(lengths, VOCAB)
 
 
 def _read_records(record_dir: Path) -> dict[str, Any]:
@@ -203,10 +197,7 @@ def run_case(case: dict[str, Any], workdir: Path) -> dict[str, Any]:
 
 def _shutdown(llm: Any) -> None:
     """Stop the engine core and its worker so the next case can start cleanly."""
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - best effort; the process exits soon anyway
-        pass
+    shutdown_engine_core(llm)
     del llm
     gc.collect()
     try:
@@ -242,8 +233,6 @@ def main(argv: list[str]) -> int:
 
     # The engine core and worker processes import the connector by module path.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
     # No network: never ask the HF hub about the local model directory.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -1,4 +1,4 @@
-"""Drive the real vLLM 0.33.0 KV-cache layout code on a CPU-only machine.
+"""Drive the real vLLM KV-cache layout code (the target release) on a CPU-only machine.
 
 - ``shims``: the process-global CPU shim set (env vars before ``import vllm``,
   platform patches, backend import shims); ``applied_shims()`` lists them.

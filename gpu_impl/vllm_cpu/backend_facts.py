@@ -3,8 +3,8 @@ the classes themselves: ``get_kv_cache_shape`` (for one probe geometry), the str
 under NHD and HND (``VLLM_KV_CACHE_LAYOUT``, with ``get_kv_cache_layout``'s cache cleared)
 and ``get_supported_kernel_block_sizes``. Generation 1 (0.19 to 0.28) is where these
 differ per backend and per release; ``tests/releases`` holds each release's facts against
-``reference.gen1``'s, and ``python -m gpu_impl.vllm_cpu.backend_facts`` prints them as
-JSON (how the 0.19.1 / 0.20.0 differences in ``reference.gen1`` were found).
+the reference's (``reference.releases``), and ``python -m gpu_impl.vllm_cpu.backend_facts``
+prints them as JSON (how the 0.19.1 / 0.20.0 differences there were found).
 
 Nothing here predicts: a backend that cannot be loaded on this machine, or a method it
 lacks, is reported as such.

@@ -1,4 +1,4 @@
-"""Drive vLLM 0.33.0's block-table classes directly, on a CPU-only machine.
+"""Drive the target release's block-table classes directly, on a CPU-only machine.
 
 The block tables each runner builds for a case are driven by ``runner_tables`` (what
 ``kvconform run`` reports). This module builds the classes itself, for group mixes no
@@ -421,6 +421,15 @@ class _MRv2:
 _VLLM_ERRORS = (ValueError, RuntimeError, IndexError, AssertionError, KeyError)
 
 
+def observe_tables(driver: Any, step: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a driver's tables hold after a step's updates: each request's locations and
+    blocks, and, where ``step`` runs a batch, its forward pass (slot mappings, kernel tables)."""
+    obs: dict[str, Any] = {"locations": dict(driver.locations.of), "blocks": driver.blocks()}
+    if step is not None and step["batch"]:
+        obs.update(driver.forward(step))
+    return obs
+
+
 def _run_runner(runner: _MRv1 | _MRv2, sc: Scenario) -> dict[str, Any]:
     """Every step of one runner; a vLLM exception ends it with ``error``."""
     steps: list[dict[str, Any]] = []
@@ -430,9 +439,7 @@ def _run_runner(runner: _MRv1 | _MRv2, sc: Scenario) -> dict[str, Any]:
             for op in runner.ordered(step["ops"]):
                 runner.apply(op)
             runner.end_of_updates()
-            obs: dict[str, Any] = {"locations": dict(runner.locations.of), "blocks": runner.blocks()}
-            if step["batch"]:
-                obs.update(runner.forward(step))
+            obs = observe_tables(runner, step)
         except ScenarioError:
             raise
         except _VLLM_ERRORS as exc:
@@ -573,7 +580,7 @@ def observe_many(scenarios: Sequence[Mapping[str, Any]]) -> list[Result]:
     return [observe_block_tables(s) for s in scenarios]
 
 
-def replay_command(scenario: Mapping[str, Any]) -> str:
+def scenario_command(scenario: Mapping[str, Any]) -> str:
     """A one-line shell command that reruns ``scenario`` against vLLM and prints the result."""
     return (f"cd {shlex.quote(str(REPO))} && PYTHONPATH=. {shlex.quote(sys.executable)} "
             f"-m gpu_impl.vllm_cpu.block_tables {shlex.quote(json.dumps(scenario, separators=(',', ':')))}")
@@ -637,9 +644,10 @@ __all__ = [
     "main",
     "normalize_scenario",
     "observe_block_tables",
+    "observe_tables",
     "observe_many",
     "prewarm",
-    "replay_command",
+    "scenario_command",
     "step_token_layout",
     "first_positions",
 ]

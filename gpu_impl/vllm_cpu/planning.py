@@ -1,4 +1,4 @@
-"""Observe vLLM 0.33.0's KV-cache set-up for a reference case, as each runner does it.
+"""Observe the target release's KV-cache set-up for a reference case, as each runner does it.
 
 ``observe(case, runner)`` takes a ``reference.config.CaseConfig`` (generation 2) and, on
 a CPU-only machine:
@@ -70,7 +70,7 @@ _VLLM_CONFIG = None
 
 
 def _vllm_config():
-    """One real ``VllmConfig`` per process (no model), reset per case by ``_configure``."""
+    """One real ``VllmConfig`` per process (no model), reset per case by ``vllm_config_for``."""
     global _VLLM_CONFIG
     if _VLLM_CONFIG is None:
         shims.apply()
@@ -176,10 +176,11 @@ _CONNECTOR_NAMES = {"nixl": "NixlConnector", "mooncake": "MooncakeConnector", "o
 
 
 @contextlib.contextmanager
-def _configure(case) -> Iterator[Any]:
+def vllm_config_for(case) -> Iterator[Any]:
     """Reset the shared VllmConfig to the case, set env/capability, and make it current.
 
     Everything set here is restored on exit (the VllmConfig is reused across cases).
+    Public for drivers that plan without a runner (``gpu_impl.connectors.vllm_setup``).
     """
     import torch
     import vllm.envs as envs
@@ -331,7 +332,7 @@ def _raw_spec(layer, backend_cls, spec_cfg, model_config):
     raise _Unsupported(f"layer {layer.name!r}: kind {kind!r} is not driven on CPU yet")
 
 
-def _specs(case, runner, vc):
+def specs_and_backends(case, runner, vc):
     """``{layer: spec}`` for the case's layers (built as the runner's model loading
     builds them), their backend classes and names: for drivers that plan without
     initialising a runner (the connector drivers)."""
@@ -341,6 +342,11 @@ def _specs(case, runner, vc):
     specs = get_kv_cache_spec(vc)
     backends = {name: layer.get_attn_backend() for name, layer in layers.items()}
     return specs, backends, {name: _backend_name(layer) for name, layer in layers.items()}
+
+
+_configure = vllm_config_for
+_specs = specs_and_backends
+"""The private names ``gpu_impl.vllm_cpu.backends`` and the tests still use."""
 
 
 # --- the pipeline --------------------------------------------------------------------------------
@@ -408,7 +414,7 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from gpu_impl.vllm_cpu import planning_api as planning
 
-    with _configure(case) as vc:
+    with vllm_config_for(case) as vc:
         with _stage("specs"):
             layers = _build_layers(case, runner, vc)
             instance, why_not = _runner_or_reason(case, runner, vc)

@@ -1,33 +1,57 @@
 """Where the installed vLLM keeps its KV-cache planning entry points: the one place the
 drivers learn them, so a moved module or a split function is a change here only.
 
-- vLLM 0.33: ``vllm/v1/core/kv_cache_planning.py`` (``get_global_kv_cache_groups``,
-  ``get_kv_cache_configs(..., global_kv_cache_groups)``, ``_pool_bytes_per_block``, ...);
-- vLLM 0.29 to 0.32: the same functions in ``vllm/v1/core/kv_cache_utils.py``, where
-  ``get_kv_cache_configs`` computes the global groups itself (merge, spec registry check,
-  sliding-window retained tokens, ``get_kv_cache_groups``) and takes no groups;
-  ``_pool_bytes_per_block`` takes the groups only up to 0.31.
-
-Every answer is vLLM's own function's; where a release computes something only inside a
-larger function, that function is run and the fact read off its result.
+Each place is a ``Location`` keyed by the release it starts at, like the reference's release
+facts (``reference.releases``; the drivers may not import it). Which one is used is decided by
+feature detection, not by the version, so an unreleased build works too. Every answer is
+vLLM's own function's; where a release computes something only inside a larger function,
+that function is run and the fact read off its result.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
+from dataclasses import dataclass
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a release keeps a planning entry point, from ``since`` on."""
+
+    since: str
+    """The first release it is there in."""
+    module: str
+    """The module that holds it."""
+    source: str
+    """What it looks like there, and how the drivers recognise it."""
+
+
+PLANNING_MODULES: tuple[Location, ...] = (
+    Location("0.29.0", "vllm.v1.core.kv_cache_utils",
+             "get_kv_cache_configs computes the global groups itself (merge, spec registry check, sliding-window "
+             "retained tokens, get_kv_cache_groups) and takes no groups; _pool_bytes_per_block takes the groups "
+             "only up to 0.31"),
+    Location("0.33.0", "vllm.v1.core.kv_cache_planning",
+             "get_global_kv_cache_groups, get_kv_cache_configs(..., global_kv_cache_groups), "
+             "_pool_bytes_per_block(vllm_config, groups); recognised by the module importing"),
+)
+"""The planning module per release, oldest first."""
 
 UNLIMITED_MEMORY = 1 << 50
 """Memory offered to a release's ``get_kv_cache_configs`` when only its groups are wanted."""
 
 
 def planning_module() -> Any:
-    """The module holding the planning functions of the installed vLLM."""
-    try:
-        from vllm.v1.core import kv_cache_planning  # 0.33 on
-    except ImportError:
-        from vllm.v1.core import kv_cache_utils as kv_cache_planning  # 0.30 to 0.32
-    return kv_cache_planning
+    """The module holding the planning functions of the installed vLLM: the newest of
+    ``PLANNING_MODULES`` that imports (the oldest one's ImportError otherwise)."""
+    for location in reversed(PLANNING_MODULES[1:]):
+        try:
+            return importlib.import_module(location.module)
+        except ImportError:
+            continue
+    return importlib.import_module(PLANNING_MODULES[0].module)
 
 
 def global_kv_cache_groups(vllm_config: Any, kv_cache_specs: list[dict[str, Any]]) -> list[Any]:
@@ -35,8 +59,8 @@ def global_kv_cache_groups(vllm_config: Any, kv_cache_specs: list[dict[str, Any]
     planning = planning_module()
     if hasattr(planning, "get_global_kv_cache_groups"):
         return planning.get_global_kv_cache_groups(vllm_config, kv_cache_specs)
-    # 0.32: computed inside get_kv_cache_configs; read off the config it returns (the
-    # groups depend neither on the memory offered nor on a block-count override, which is
+    # Up to 0.32 (PLANNING_MODULES): computed inside get_kv_cache_configs; read off the
+    # config it returns (the groups depend neither on the memory offered nor on a block-count override, which is
     # lifted so that its admission check passes).
     cache_config = vllm_config.cache_config
     saved, cache_config.num_gpu_blocks_override = cache_config.num_gpu_blocks_override, None
@@ -71,5 +95,5 @@ def kv_cache_config_from_groups(vllm_config: Any, groups: list[Any], available: 
     return planning_module().get_kv_cache_config_from_groups(vllm_config, groups, available)
 
 
-__all__ = ["check_enough_kv_cache_memory", "global_kv_cache_groups", "kv_cache_config_from_groups", "kv_cache_configs",
+__all__ = ["Location", "PLANNING_MODULES", "check_enough_kv_cache_memory", "global_kv_cache_groups", "kv_cache_config_from_groups", "kv_cache_configs",
            "planning_module", "pool_bytes_per_block"]

@@ -34,7 +34,7 @@ import os
 from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
-from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _tolist
+from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _tolist, observe_tables
 from reference.config import ScenarioError, first_positions, normalize_scenario, step_token_layout
 
 Result = dict[str, Any]
@@ -314,13 +314,11 @@ def run_schedule(runner: str, instance, scenario: Mapping[str, Any]) -> Result:
     for i, step in enumerate(sc["steps"]):
         try:
             driver.apply_step(step)
-            obs: dict[str, Any] = {"locations": dict(driver.locations.of), "blocks": driver.blocks()}
-            if step["batch"]:
-                obs.update(driver.forward(step))
+            obs = observe_tables(driver, step)
         except ScenarioError:
             raise
         except _RowsDiffer as exc:
-            out["steps"].append({"locations": dict(driver.locations.of), "blocks": driver.blocks()})
+            out["steps"].append(observe_tables(driver))
             out["error"] = {"step": i, "message": str(exc)}
             break
         except _VLLM_ERRORS as exc:

@@ -1,42 +1,15 @@
 """Each model runner's own KV-cache initialisation, driven on a CPU-only machine.
 
-``drive(case, runner, vc, result)`` builds what a loaded model leaves behind (the
-case's attention layers registered in the config's ``static_forward_context``, the
-drafter or speculator), then runs the runner's own entry points:
-
-- MRv1 (``vllm/v1/worker/gpu_model_runner.py``): ``GPUModelRunner.get_kv_cache_spec``,
-  then ``GPUModelRunner.initialize_kv_cache(kv_cache_config)``: attention-group
-  discovery, ``prepare_kernel_block_sizes``, the real metadata builders, the
-  drafter's ``initialize_attn_backend`` (``llm_base_proposer.py``), the ``InputBatch``
-  rebuild, allocation and binding, and ``register_kv_caches`` on the KV transfer group;
-- MRv2 (``vllm/v1/worker/gpu/model_runner.py``): its ``get_kv_cache_spec``, then its
-  ``initialize_kv_cache``: ``attn_utils.init_attn_backend``, the ``BlockTables`` it
-  constructs, the speculator's ``set_attn`` and ``attn_utils.init_kv_cache``, and
-  ``get_kv_connector`` (``ActiveKVConnector`` registers the caches).
-
-The runner instances are made with ``__new__`` and carry the attributes those methods
-read (values built from the same ``VllmConfig``), the way vLLM's own unit tests build
-runner stand-ins: the constructors allocate CUDA streams and pinned buffers.
-
-Layers: ``full`` / ``sliding_window`` / ``chunked_local`` / ``cross`` / ``sink_full``
-layers are real vLLM layer objects built by their own constructors (which select
-their backend through ``vllm.v1.attention.selector.get_attn_backend``); MLA and
-state-space layers are instances of the real classes carrying the attributes their
-``get_kv_cache_spec`` / ``bind_kv_cache`` read (their constructors need projection
-weights and CUDA kernels), with the backend chosen by the same selector call their
-constructors make. Draft layers are built under the config each runner's own draft
-path produces: MRv1 ``LLMBaseProposer._create_draft_vllm_config``, MRv2
-``SpeculativeConfig.apply_draft_overrides`` (from ``load_eagle_model``). So which
-backend a draft runs under is observed, never supplied.
-
-What stands in for hardware (``shims``): the platform's backend *auto*-selection
-answers with the case's declared backend for that layer (a real platform picks by
-its GPU; an explicit ``--attention-backend`` goes through vLLM's config unchanged),
-CUDA allocations made while layers and builders are constructed land on ``meta``,
-and device properties report the case's virtual GPU. The KV cache itself is
-allocated on ``meta`` through the runners' ``kv_cache_allocation_context`` hook.
-
-Nothing here imports the reference beyond the case description.
+``build_layers`` and ``runner_instance`` build what a loaded model leaves behind (the
+case's layers in ``static_forward_context``, the drafter or speculator) for ``planning``
+to run the runner's own ``get_kv_cache_spec`` and ``initialize_kv_cache`` (MRv1 ``gpu_model_runner.py``,
+MRv2 ``gpu/model_runner.py``), down to ``register_kv_caches``. Runners are ``__new__``
+stand-ins carrying the attributes those methods read, as vLLM's own unit tests build
+them (the constructors need CUDA). Attention layers are real vLLM layers from their own
+constructors; MLA and state layers are real classes with the attributes their spec and
+binding read; drafts are built under each runner's own draft config, so a draft's
+backend is observed, never supplied. Hardware stand-ins are in ``shims``; the KV cache is
+allocated on ``meta``. Nothing here imports the reference beyond the case description.
 """
 
 from __future__ import annotations
@@ -260,16 +233,9 @@ def build_layers(case, runner: str, vc) -> dict[str, Any]:
 # --- runner stand-ins ----------------------------------------------------------------------------
 
 
-def _mrv1_runner(case, vc, device):
-    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-    from vllm.v1.spec_decode.eagle import EagleProposer
-    from vllm.v1.worker.block_table import SlotMappingMode
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    drafts = {l.name for l in case.layers if l.is_draft}
-    speculative = _mrv1_speculative_config(case) if drafts else None
-    r = _stand_in(
-        GPUModelRunner,
+def _runner_basics(case, vc, device) -> dict[str, Any]:
+    """What both runners' ``__init__`` copy from the ``VllmConfig`` and the case first."""
+    return dict(
         vllm_config=vc,
         model_config=vc.model_config,
         cache_config=vc.cache_config,
@@ -281,6 +247,20 @@ def _mrv1_runner(case, vc, device):
         max_num_reqs=MAX_NUM_REQS,
         max_num_tokens=MAX_NUM_TOKENS,
         max_model_len=case.max_model_len,
+    )
+
+
+def _mrv1_runner(case, vc, device):
+    from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.worker.block_table import SlotMappingMode
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    drafts = {l.name for l in case.layers if l.is_draft}
+    speculative = _mrv1_speculative_config(case) if drafts else None
+    r = _stand_in(
+        GPUModelRunner,
+        **_runner_basics(case, vc, device),
         max_encoder_len=0,
         num_spec_tokens=len(drafts) and 1,
         uniform_decode_query_len=1 + (len(drafts) and 1),
@@ -337,18 +317,8 @@ def _mrv2_runner(case, vc, device):
         model.get_mamba_state_copy_funcs = Mamba2ForCausalLM.get_mamba_state_copy_funcs
     r = _stand_in(
         GPUModelRunner,
-        vllm_config=vc,
-        model_config=vc.model_config,
-        cache_config=vc.cache_config,
-        compilation_config=vc.compilation_config,
-        parallel_config=vc.parallel_config,
-        scheduler_config=vc.scheduler_config,
-        speculative_config=None,
-        device=device,
+        **_runner_basics(case, vc, device),
         model=model,
-        max_num_reqs=MAX_NUM_REQS,
-        max_num_tokens=MAX_NUM_TOKENS,
-        max_model_len=case.max_model_len,
         is_encoder_decoder=vc.model_config.is_encoder_decoder,
         # GPUModelRunner.__init__ up to 0.32 (0.33 keeps it on model_state).
         supports_mm_inputs=vc.model_config.supports_multimodal_inputs,

@@ -1,4 +1,4 @@
-"""The CPU shim set that lets vLLM 0.33.0's KV-cache layout code run without a GPU.
+"""The CPU shim set that lets vLLM's KV-cache layout code run without a GPU.
 
 Everything the driver calls is vLLM's own code; this module only patches the few
 process-global things that assume CUDA (see shared/research/feasibility-cpu.md,

@@ -1,4 +1,4 @@
-"""Block tables and slot mappings of vLLM 0.33.0's two GPU model runners.
+"""Block tables and slot mappings of the target release's two GPU model runners.
 
 Mirrors ``vllm/v1/worker/block_table.py`` (MRv1: ``get_block_table_width``,
 ``BlockTable``, ``MultiGroupBlockTable``, ``ComputeSlotMappingKernel``),

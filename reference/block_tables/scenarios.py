@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from reference.releases import MRV2_SLIDING_WINDOW_REACH, has
+from reference.releases import MRV2_SLIDING_WINDOW_REACH, holds
 from reference.block_tables._common import get_block_table_width
 from reference.block_tables.kernel import map_to_kernel_block_table
 from reference.block_tables.mrv1 import MRv1MultiGroupBlockTable
@@ -201,8 +201,8 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
             "max_num_blocks": _cdiv(case.max_model_len, B * shards),
             "dcp_sharded": spec.dcp_sharded,
             "kernel_block_size": derivation.kernel_block_sizes[gid],
-            # MRv2 nulls the ids below the window from 0.33 on (reference.releases).
-            "sliding_window_reach": (window - 1) if window and has(MRV2_SLIDING_WINDOW_REACH, case.vllm_version) else 0,
+            # MRv2 nulls the ids below the window in the releases reference.releases says.
+            "sliding_window_reach": (window - 1) if window and holds(MRV2_SLIDING_WINDOW_REACH, case.vllm_version) else 0,
         })
     if not out:
         return "the case has no KV cache groups"

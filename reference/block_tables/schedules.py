@@ -28,29 +28,30 @@ def _freeze_groups(block_ids: Sequence[Sequence[int]]) -> tuple[tuple[int, ...],
 
 
 @dataclass(frozen=True)
-class Add:
-    """A new or resumed request with its full block ids per group.
-
-    MRv1 ``InputBatch.add_request`` -> ``add_row``; MRv2 ``add_requests`` ->
-    ``append_block_ids(overwrite=True)``.
-    """
+class _RequestBlocks:
+    """A request and block ids per group (frozen into tuples, each id checked)."""
 
     req: ReqId
+    """The request."""
     block_ids: tuple[tuple[int, ...], ...]
+    """Its block ids, one tuple per KV cache group."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_ids", _freeze_groups(self.block_ids))
 
 
 @dataclass(frozen=True)
-class Append:
+class Add(_RequestBlocks):
+    """A new or resumed request with its full block ids per group.
+
+    MRv1 ``InputBatch.add_request`` -> ``add_row``; MRv2 ``add_requests`` ->
+    ``append_block_ids(overwrite=True)``.
+    """
+
+
+@dataclass(frozen=True)
+class Append(_RequestBlocks):
     """New blocks of a running request (``append_row`` / ``append_block_ids(overwrite=False)``)."""
-
-    req: ReqId
-    block_ids: tuple[tuple[int, ...], ...]
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "block_ids", _freeze_groups(self.block_ids))
 
 
 @dataclass(frozen=True)

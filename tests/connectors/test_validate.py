@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="validate_registration builds real CPU tensors: needs torch")
 
-from conformance.connectors import Divergence, validate_registration  # noqa: E402
+from conformance.connectors import ConnectorFinding, validate_registration  # noqa: E402
 from conformance.connectors.examples import (  # noqa: E402
     LogicalBlockAdapter,
     PermutationBlindAdapter,
@@ -129,7 +129,7 @@ def test_failures_carry_case_json_and_replay_line():
     text = report.format()
     assert "replay: kvconform check" in text and "config: {" in text
     d = report.divergences[0]
-    assert isinstance(d, Divergence)
+    assert isinstance(d, ConnectorFinding)
     with pytest.raises(Exception):
         d.message = "x"  # frozen
     assert report.to_dict()["schema"] == "kvconform.connector-report/2"

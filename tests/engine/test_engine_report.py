@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-import gpu_impl.engine
+from gpu_impl.engine import driver as engine_driver
 from conformance import engine_run
 from conformance.diff import ENGINE_ONLY_KINDS, KINDS, compare
 from conformance.engine_run import engine_cases
@@ -135,12 +135,12 @@ def cases(*names: str):
 
 
 def observed(recs: dict, name: str):
-    return gpu_impl.engine.observation_of(name, recs[name])
+    return engine_driver.observation_of(name, recs[name])
 
 
 def engine_report(monkeypatch, tmp_path, recs: dict, names=(STARTS, REFUSED)) -> tuple[int, dict]:
     """``kvconform run --engine`` over ``recs`` standing in for the engine's recordings."""
-    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: {c.name: recs[c.name] for c in cs})
+    monkeypatch.setattr(engine_driver, "record_engines", lambda cs, **kw: {c.name: recs[c.name] for c in cs})
     target = tmp_path / "engine.json"
     code = engine_run.run_against_engine(cases(*names), json_target=str(target), quiet=True)
     return code, json.loads(target.read_text())
@@ -359,7 +359,7 @@ def test_run_against_engine_observes_every_case_in_one_engine_process(tmp_path, 
         seen.append([c.name for c in cs])
         return recordings()
 
-    monkeypatch.setattr(gpu_impl.engine, "record_engines", fake_record_engines)
+    monkeypatch.setattr(engine_driver, "record_engines", fake_record_engines)
     target = tmp_path / "engine.json"
     assert engine_run.run_against_engine(cases(), json_target=str(target), quiet=False) == 0
     assert seen == [[STARTS, REFUSED]]  # one engine process for all cases
@@ -369,7 +369,7 @@ def test_run_against_engine_observes_every_case_in_one_engine_process(tmp_path, 
     out = capsys.readouterr().out
     assert "mrv1:pass" in out and "2 pass, 2 unsupported" in out
 
-    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: _mutated(_null_block))
+    monkeypatch.setattr(engine_driver, "record_engines", lambda cs, **kw: _mutated(_null_block))
     assert engine_run.run_against_engine(cases(), json_target="-", quiet=True) == 1
     report = json.loads(capsys.readouterr().out)
     assert validate_report(report) == []
@@ -379,12 +379,12 @@ def test_run_against_engine_observes_every_case_in_one_engine_process(tmp_path, 
 def test_cli_run_engine(tmp_path, monkeypatch):
     from conformance.cli import main
 
-    monkeypatch.setattr(gpu_impl.engine, "engine_problem", lambda: None)
-    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: recordings())
+    monkeypatch.setattr(engine_driver, "engine_problem", lambda: None)
+    monkeypatch.setattr(engine_driver, "record_engines", lambda cs, **kw: recordings())
     target = tmp_path / "r.json"
     assert main(["run", "--engine", "--case", STARTS, "--case", REFUSED, "--json", str(target)]) == 0
     assert [r["case"] for r in json.loads(target.read_text())["results"]] == [STARTS, REFUSED]
-    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: _mutated(_layout))
+    monkeypatch.setattr(engine_driver, "record_engines", lambda cs, **kw: _mutated(_layout))
     assert main(["run", "--engine", "--case", STARTS, "--json", str(target)]) == 1
 
 
@@ -392,8 +392,8 @@ def test_cli_run_engine_expectations_absorb_a_known_divergence(tmp_path, monkeyp
     """One verdict: an engine divergence is classified by the same expectations as any run."""
     from conformance.cli import main
 
-    monkeypatch.setattr(gpu_impl.engine, "engine_problem", lambda: None)
-    monkeypatch.setattr(gpu_impl.engine, "record_engines", lambda cs, **kw: _mutated(_layout))
+    monkeypatch.setattr(engine_driver, "engine_problem", lambda: None)
+    monkeypatch.setattr(engine_driver, "record_engines", lambda cs, **kw: _mutated(_layout))
     known = tmp_path / "known.toml"
     known.write_text(
         'schema = 1\n[[expectation]]\nid = "engine-layout"\nkind = "layout"\ncase = "engine-b32-fp16"\n'
@@ -436,9 +436,9 @@ def test_replay_of_an_engine_report_reruns_only_its_divergent_case_on_the_engine
         seen.append([c.name for c in cs])
         return recordings()
 
-    monkeypatch.setattr(gpu_impl.engine, "record_engines", fixed_engine)
+    monkeypatch.setattr(engine_driver, "record_engines", fixed_engine)
     # The engine is stood in for above: its venv need not exist (a fresh clone has none).
-    monkeypatch.setattr(gpu_impl.engine, "engine_problem", lambda: None)
+    monkeypatch.setattr(engine_driver, "engine_problem", lambda: None)
     assert cli.main(["replay", str(tmp_path / "engine.json"), "--json", str(tmp_path / "replay.json")]) == 0
     assert seen == [[STARTS]]  # the divergent case only, through the engine
     replay = json.loads((tmp_path / "replay.json").read_text())

@@ -214,7 +214,7 @@ def test_assert_conforms_failure_message(pytester: pytest.Pytester) -> None:
 def test_kv_observed_skips_without_vllm_and_fails_where_it_cannot_be_driven(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
-        import conformance.pytest_plugin as plugin
+        import conformance.assertions as plugin  # the library the plugin's fixtures call
 
         def test_observe(kv_observed, monkeypatch):
             monkeypatch.setattr(plugin, "vllm_problem", lambda: "vllm is not installed; stand-in")

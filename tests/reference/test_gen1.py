@@ -19,7 +19,6 @@ from reference.gen1 import (
     merged_runs,
     mooncake_gen1_block_size,
     mrv1_mrv2_differences,
-    parse_version,
     permuted_view_strides,
     use_mla,
 )
@@ -255,8 +254,6 @@ def test_unverified_versions_are_refused_not_guessed() -> None:
         gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.29.0")
     with pytest.raises(ConfigError):
         gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.33.0")
-    assert parse_version("0.22.1rc1.dev116+g71df063c4") == (0, 22, 1)
-    assert parse_version("v0.28") == (0, 28, 0)
     with pytest.raises(NotModeledError, match="older than 0.19.0"):
         gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.18.1")
 

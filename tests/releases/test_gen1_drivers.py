@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from conformance.diff import compare, compare_runners
-from reference.gen1 import MRV2_KERNEL_BLOCKS_SINCE, mrv1_mrv2_differences, parse_version
+from reference.gen1 import mrv1_mrv2_differences
+from reference.releases import MRV2_KERNEL_BLOCKS, holds
 from installed_release import installed_version, release_cases
 
 
@@ -27,7 +28,7 @@ def test_each_runner_conforms_and_only_42846_splits_them(case) -> None:
     # 0.21 MRv2 reshapes with the logical block size wherever the kernel's is smaller).
     predicted = {line.split(":", 1)[0] for line in mrv1_mrv2_differences(case)}
     assert {d.field.rsplit(".", 1)[0] for d in mismatches} == predicted, [d.message for d in mismatches]
-    before_fix = parse_version(installed_version()) < MRV2_KERNEL_BLOCKS_SINCE
+    before_fix = not holds(MRV2_KERNEL_BLOCKS, installed_version())
     if before_fix and case.block_size == 128 and case.layers[0].backend in ("FLASHINFER", "FLASHMLA"):
         assert predicted and all(d.expected[0] == 2 * d.observed[0] for d in mismatches if d.field.endswith(".shape"))
     elif not before_fix:

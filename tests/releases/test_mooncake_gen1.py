@@ -9,7 +9,8 @@ import pytest
 
 from conformance.connectors.mooncake_gen1 import judge
 from reference.errors import StartupError
-from reference.gen1 import MOONCAKE_KERNEL_SYNC_SINCE, derive_gen1, mooncake_refusal, parse_version
+from reference.gen1 import derive_gen1, mooncake_refusal
+from reference.releases import MOONCAKE_KERNEL_SYNC, holds
 from installed_release import installed_version, release_cases
 
 
@@ -38,7 +39,7 @@ def test_mla_with_a_gqa_draft_is_refused_before_39596_and_passes_after(runner: s
 
     case = next(c for c in release_cases() if c.name == "gen1-mla-eagle-b64")
     verdict = judge(case, runner, observe_registration(case, runner))
-    if parse_version(installed_version()) < MOONCAKE_KERNEL_SYNC_SINCE:
+    if not holds(MOONCAKE_KERNEL_SYNC, installed_version()):
         assert verdict.status == "refusal" and "assert self.block_size == kernel_block_size" in verdict.detail, verdict
     else:
         assert verdict.status == "pass", (verdict.detail, verdict.findings)

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 import pytest
 
 from conformance.diff import compare_schedule
-from gpu_impl.vllm_cpu.block_tables import observe_block_tables, prewarm, replay_command
+from gpu_impl.vllm_cpu.block_tables import observe_block_tables, prewarm, scenario_command
 from reference import block_tables as rb
 from reference.block_tables.scenarios import blocks_of, predict, schedule_op
 from reference.config import normalize_scenario
@@ -216,7 +216,7 @@ def _report(scenario: Mapping[str, Any], problems: list[str]) -> str:
     if len(problems) > MAX_PROBLEMS:
         lines.append(f"  ... and {len(problems) - MAX_PROBLEMS} more")
     lines.append(f"scenario JSON: {json.dumps(scenario, separators=(',', ':'))}")
-    lines.append(f"replay (vLLM side): {replay_command(scenario)}")
+    lines.append(f"replay (vLLM side): {scenario_command(scenario)}")
     return "\n".join(lines)
 
 
@@ -364,7 +364,7 @@ def test_driver_reports_unsupported_without_vllm(tmp_path: Path) -> None:
     assert "vllm blocked by the kvconform test" in reply["unsupported"], reply
 
 
-def test_replay_command_is_one_line() -> None:
-    cmd = replay_command(SCENARIOS[0])
+def test_scenario_command_is_one_line() -> None:
+    cmd = scenario_command(SCENARIOS[0])
     assert "\n" not in cmd and "-m gpu_impl.vllm_cpu.block_tables" in cmd
     assert json.loads(shlex.split(cmd)[-1]) == SCENARIOS[0]

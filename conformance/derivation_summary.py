@@ -1,9 +1,14 @@
-"""Plain-data summaries of reference derivations, for reports and diffs."""
+"""Plain-data summaries of reference derivations: the ``kvconform run --reference-only`` report.
+
+Each runner's outcome as JSON-ready data, and the MRv1/MRv2 differences the reference predicts
+(through the one runner comparator, ``conformance.checks.runners``).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from conformance.checks.runners import compare_runners
 from reference.config import CaseConfig
 from reference.derive import Derivation, derive
 from reference.errors import ConfigError, NotModeledError, StartupError
@@ -124,8 +129,6 @@ def _facts(case: CaseConfig, runner: str) -> Any:
 def runner_differences(case: CaseConfig) -> list[str]:
     """What a connector or kernel would see differently between the two runners, as the
     reference predicts them (``conformance.diff.compare_runners``, the one comparator)."""
-    from conformance.diff import compare_runners
-
     return [
         " ".join(f"{d.field}: MRv1 {d.expected!r} vs MRv2 {d.observed!r}".split())
         for d in compare_runners(case, _facts(case, "mrv1"), _facts(case, "mrv2"))

@@ -1,8 +1,8 @@
-"""A picture of a derivation: where every layer's kernel blocks, and one logical block's K and V, sit in the pool.
+"""``kvconform explain --html``: a standalone page picturing where every layer's kernel blocks,
+and one logical block's K and V, sit in the pool.
 
-One row per registered layer over the pool's byte axis: grey boxes are the layer's
-kernel-block pages, the chosen logical block's K runs are blue and its V runs orange.
-Plain SVG inside a standalone HTML page (no scripts, no external resources).
+One row per registered layer over the pool's byte axis (plain SVG in HTML: no scripts, no
+external resources), then the text ``kvconform explain`` prints.
 """
 
 from __future__ import annotations

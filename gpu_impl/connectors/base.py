@@ -1,0 +1,117 @@
+"""The connector-adapter protocol: what an adapter is given (the ``kv_caches`` dict of
+``register_kv_caches`` and a ``RegistrationContext``) and what it answers (absolute byte
+ranges per layer and logical block), so kvconform can check a connector's registration.
+
+It lives beside the built-in adapters, which implement it; ``conformance.connectors``
+re-exports it for connector authors (docs/connector-authors.md: the optional members and
+the round trip). Pure Python: importing it needs neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Union, runtime_checkable
+
+Ranges = list[tuple[int, int]]
+"""Absolute ``(address, length)`` byte ranges."""
+
+
+@runtime_checkable
+class ConnectorAdapter(Protocol):
+    """The two methods every adapter implements (the optional ones: docs/connector-authors.md)."""
+
+    def register(self, kv_caches: Mapping[str, Any]) -> None:
+        """Called once with the dict ``register_kv_caches`` receives (layer name -> tensor)."""
+
+    def descriptors(self, layer: str, block_id: int) -> Ranges:
+        """Absolute ``(address, length)`` ranges moved for logical block ``block_id`` of ``layer``."""
+
+
+@dataclass(frozen=True)
+class LayerInfo:
+    """What a connector can learn about a layer from vLLM's config (its ``KVCacheSpec``)."""
+
+    name: str
+    """The layer name, a key of ``kv_caches``."""
+    group_id: int
+    """The KV cache group the layer belongs to."""
+    kind: str
+    """``full``, ``sliding_window``, ``mla``, ``mamba``, ... (reference ``SpecKind`` value)."""
+    block_size: int
+    """The group's logical (scheduler) block size in tokens."""
+    page_size_bytes: int
+    """``spec.page_size_bytes`` of one logical block, padding included."""
+    num_kv_heads: int
+    """KV heads on this rank (0 for a state layer)."""
+    head_size: int
+    """Elements per head of K (0 for a state layer)."""
+    head_size_v: int
+    """Elements per head of V (0 for a state layer)."""
+    dtype: str
+    """The registered tensor's dtype name (``bfloat16``, ``float8_e4m3fn``, ...)."""
+    backend: str
+    """The layer's attention backend name."""
+    is_mla: bool
+    """An MLA-family layer (one latent vector per token)."""
+    is_mamba: bool
+    """A state layer (no KV spec)."""
+    is_draft: bool
+    """A layer of the speculative draft model."""
+    kv_packing: str = "kv_in_c"
+    """Where K and V sit in the layer's ``[B, H, N, C]`` page (``reference.backends.Packing``):
+
+    - ``kv_in_c``: K then V in the last dim C, per (token, head) (FlashAttention,
+      FlashInfer, Triton, Flex);
+    - ``two_head_slots``: H is 2 slots, K then V, and C holds every head of one token
+      (ROCM_ATTN, B12X, nvfp4 caches);
+    - ``cpu_kv_planes``: per (block, head) a K plane of N tokens, then a V plane (CPU_ATTN);
+    - ``mla_latent``: one latent vector per token, no separate V (the MLA family);
+    - ``state``: raw recurrent state (Mamba-like layers).
+    """
+
+
+@dataclass(frozen=True)
+class RegistrationContext:
+    """What vLLM gives a connector besides the tensors (config, cache config, specs).
+
+    A factory passed to ``validate_registration`` is called with one of these per case.
+    Note that vLLM does *not* pass the kernel block size to connectors: real connectors
+    re-derive it; ``kernel_block_sizes`` is here for adapters that want to cross-check.
+    """
+
+    case_name: str
+    """The case's name (``reference.config.CaseConfig.name``)."""
+    runner: str
+    """``mrv1`` or ``mrv2``: the model runner that registered the tensors."""
+    layout: str
+    """The resolved ``KVCacheLayout`` name (``cache_config.get_resolved_kv_cache_layout()``)."""
+    block_size: int
+    """``cache_config.block_size`` (logical)."""
+    num_blocks: int
+    """``kv_cache_config.num_blocks`` (logical, per group)."""
+    layers: Mapping[str, LayerInfo]
+    """Per registered layer, what its spec says."""
+    kernel_block_sizes: tuple[int, ...] = field(default=())
+    """Per KV cache group, what ``prepare_kernel_block_sizes`` chose."""
+    case: Any = field(default=None, compare=False, repr=False)
+    """The ``reference.config.CaseConfig`` (drivers of real connectors rebuild vLLM's config from it)."""
+    vllm: Any = field(default=None, compare=False, repr=False)
+    """What the runner had when it registered the tensors (``gpu_impl.vllm_cpu.registration.RegisteredKV``:
+    ``vllm_config``, ``kv_cache_config``, ``backends``, ``kernel_block_sizes``, ``kv_caches``);
+    None when the tensors were not registered by vLLM (an out-of-tree check of the reference's views)."""
+
+
+ConnectorFactory = Callable[[RegistrationContext], ConnectorAdapter]
+"""A class or function building an adapter from a case's context."""
+ConnectorLike = Union[ConnectorAdapter, ConnectorFactory, str]
+"""An adapter instance (reused for every case), a factory/class taking a context, or
+``"package.module:Name"`` naming either."""
+
+
+class Undrivable(Exception):
+    """The connector's own code cannot be driven for this case on CPU (the message says
+    why: a service it needs at registration, a kernel that cannot run here). Reported as
+    ``unsupported``, never as the connector's failure or refusal."""
+
+
+__all__ = ["ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges", "RegistrationContext", "Undrivable"]

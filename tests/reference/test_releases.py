@@ -1,0 +1,118 @@
+"""The release registry (``reference.releases``): the version parser, the spans each
+generation's facts cover, what each per-release fact says at its bounds, and the files that
+cannot import it (``pyproject.toml``, ``scripts/env.sh``) agreeing with its target release."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from reference import backends
+from reference.config import CaseConfig, uniform_layers
+from reference.errors import ConfigError, NotModeledError
+from reference.releases import (
+    GEN1_KERNEL_BLOCK_SIZES,
+    GEN1_LAYOUT_OVERRIDES,
+    GEN2_DIFFERENCES,
+    MOONCAKE_KERNEL_SYNC,
+    MRV2_KERNEL_BLOCKS,
+    MRV2_SLIDING_WINDOW_REACH,
+    TARGET_RELEASE,
+    check_gen1_version,
+    check_gen2_version,
+    fact_at,
+    holds,
+    parse_version,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_parser_keeps_the_release_part_only() -> None:
+    assert parse_version("0.22.1rc1.dev116+g71df063c4") == (0, 22, 1)
+    assert parse_version("v0.28") == (0, 28, 0)
+    assert parse_version("0.33.1.dev12+cu128") == (0, 33, 1)
+    with pytest.raises(ConfigError, match="is not of the form MAJOR.MINOR"):
+        parse_version("latest")
+    with pytest.raises(ConfigError, match="is not a string"):
+        parse_version(33)  # type: ignore[arg-type]
+
+
+def test_the_target_release_is_read_from_the_registry() -> None:
+    assert backends.VLLM_VERSION == TARGET_RELEASE
+    assert CaseConfig("c", uniform_layers(1)).vllm_version == TARGET_RELEASE
+    check_gen2_version(TARGET_RELEASE)
+
+
+def test_each_generation_says_which_releases_it_has_facts_for() -> None:
+    assert check_gen2_version("0.32.0") == (0, 32, 0)
+    assert check_gen2_version("0.33.9.dev1") == (0, 33, 9)
+    for outside in ("0.31.2", "0.34.0rc1"):
+        with pytest.raises(NotModeledError) as refused:
+            check_gen2_version(outside)
+        assert str(refused.value) == (
+            f"the reference has no generation-2 facts for vLLM {outside} (it has them for 0.32.0 to 0.33.x; "
+            "generation 1: 0.19 to 0.28)"
+        )
+    assert check_gen1_version("0.28.3") == (0, 28, 3)
+    with pytest.raises(ConfigError, match=r"^vLLM 0.30.0 is generation 2 \(>= 0.30.0\); generation 1 covers 0.19.0 to 0.28.x$"):
+        check_gen1_version("0.30.0")
+    with pytest.raises(NotModeledError, match=r"^vLLM 0.29.1: 0.29 already derives layouts from specs"):
+        check_gen1_version("0.29.1")
+
+
+def test_every_fact_names_where_it_was_read_and_series_run_oldest_first() -> None:
+    series = [MRV2_KERNEL_BLOCKS, MOONCAKE_KERNEL_SYNC, *GEN2_DIFFERENCES.values(),
+              *GEN1_LAYOUT_OVERRIDES.values(), *GEN1_KERNEL_BLOCK_SIZES.values()]
+    for facts in series:
+        assert [f.since for f in facts] == sorted({f.since for f in facts})
+        assert all(f.source.strip() for f in facts)
+
+
+@pytest.mark.parametrize(
+    ("facts", "release", "expected"),
+    [
+        (MRV2_KERNEL_BLOCKS, "0.21.2", False),
+        (MRV2_KERNEL_BLOCKS, "0.22.0", True),
+        (MOONCAKE_KERNEL_SYNC, "0.19.1", False),
+        (MOONCAKE_KERNEL_SYNC, "0.20.0", True),
+        (MRV2_SLIDING_WINDOW_REACH, "0.32.4", False),
+        (MRV2_SLIDING_WINDOW_REACH, "0.33.0", True),
+        (MRV2_SLIDING_WINDOW_REACH, TARGET_RELEASE, True),
+    ],
+)
+def test_each_behaviour_is_there_from_its_release_on(facts, release: str, expected: bool) -> None:
+    assert holds(facts, release) is expected
+    assert holds(facts, parse_version(release)) is expected
+
+
+def test_a_series_says_nothing_before_its_first_fact() -> None:
+    assert fact_at(GEN1_LAYOUT_OVERRIDES["FLASH_ATTN"], (0, 22, 1)) is None
+    assert fact_at(GEN1_LAYOUT_OVERRIDES["FLASH_ATTN"], (0, 23, 0)).value.shape == "B2NHD"
+    assert not holds(MRV2_SLIDING_WINDOW_REACH, "0.31.0")
+
+
+# --- the files that cannot import the registry -------------------------------------------
+
+
+def _next_minor(release: str) -> str:
+    major, minor, _ = parse_version(release)
+    return f"{major}.{minor + 1}"
+
+
+def test_env_sh_installs_the_target_release_by_default() -> None:
+    script = (ROOT / "scripts" / "env.sh").read_text()
+    (default,) = re.findall(r'^vllm_release="\$\{KVCONFORM_VLLM:-([^}]*)\}"$', script, flags=re.M)
+    assert default == TARGET_RELEASE
+    # Every vLLM release the script names is the target too (its messages say which it installs).
+    named = set(re.findall(r"vLLM (\d+\.\d+\.\d+)", script))
+    assert named <= {TARGET_RELEASE}, named
+
+
+def test_pyproject_allows_up_to_the_target_releases_next_minor() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    (lower, upper) = re.findall(r'"vllm>=([\d.]+),<([\d.]+)"', pyproject)[0]
+    assert upper == _next_minor(TARGET_RELEASE)
+    check_gen1_version(lower)  # the oldest release the range admits is one the reference models
