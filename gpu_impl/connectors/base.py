@@ -114,4 +114,52 @@ class Undrivable(Exception):
     ``unsupported``, never as the connector's failure or refusal."""
 
 
-__all__ = ["ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges", "RegistrationContext", "Undrivable"]
+class BuiltInAdapter:
+    """What every built-in adapter shares: made with the case's context, it keeps it as
+    ``self.ctx`` and then sets up its own state in ``init_state`` (fakes of the connector's
+    services), before ``register`` is called."""
+
+    connector: str = ""
+    """vLLM's name of the connector class (``kv_transfer_config.kv_connector``)."""
+    case_connector: str | None = None
+    """The case's ``connector`` this adapter runs under: vLLM resolves the layout that
+    connector asks for (None: the case's own layout)."""
+    requires_vllm_driver: str | None = None
+    """What the installed vLLM must provide for this adapter to run (``gpu_impl.vllm_api``;
+    None: the layout driver's needs only)."""
+
+    def __init__(self, ctx: RegistrationContext) -> None:
+        self.ctx = ctx
+        self.init_state()
+
+    def init_state(self) -> None:
+        """The adapter's own state for one case (none by default)."""
+
+
+class TransferWorkerAdapter(BuiltInAdapter):
+    """An adapter around a P2P transfer worker (NIXL, Mooncake P2P): the worker, once it
+    registered, answers; logical block ids become kernel block ids through the worker's own
+    ``_logical_to_kernel_block_ids``, per transfer group."""
+
+    def init_state(self) -> None:
+        self.worker: Any = None
+        self.caches: dict[str, Any] = {}
+
+    @property
+    def kernel_block_size(self) -> int:
+        return self.worker.block_size
+
+    def _kernel_id_args(self) -> tuple[Any, ...]:
+        """Arguments of ``_logical_to_kernel_block_ids`` after the ids (the worker's own)."""
+        return ()
+
+    def _kernel_ids(self, layer: str, block_id: int) -> list[int]:
+        w = self.worker
+        gid = w.kv_cache_config.transfer_group_index_by_layer[layer]
+        ids: list[list[int]] = [[] for _ in w.kv_cache_config.transfer_groups]
+        ids[gid] = [block_id]
+        out = w._logical_to_kernel_block_ids(ids, *self._kernel_id_args())
+        return [int(k) for k in out[gid]]
+
+
+__all__ = ["BuiltInAdapter", "TransferWorkerAdapter", "ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges", "RegistrationContext", "Undrivable"]

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
 from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
 _BACKGROUNDS = (0, -1)
@@ -44,7 +44,7 @@ def _extent(t: Any, base: int) -> tuple[int, int]:
     return start, start + (last + 1) * t.element_size()
 
 
-class DecodeBenchAdapter:
+class DecodeBenchAdapter(BuiltInAdapter):
     """``validate_registration`` adapter around the real DecodeBench scheduler and worker."""
 
     connector = "DecodeBenchConnector"
@@ -53,8 +53,7 @@ class DecodeBenchAdapter:
     fill_only = True
     """The connector only writes benchmark values into blocks: no store or load to round-trip."""
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.scheduler: Any = None
         self.worker: Any = None
         self.caches: dict[str, Any] = {}

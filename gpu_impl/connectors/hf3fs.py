@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
 from gpu_impl.connectors.cuda_stand_ins import SyncEvent, SyncStream
 from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
@@ -197,14 +197,13 @@ def _manager_class():
 # --- the adapter -----------------------------------------------------------------------------
 
 
-class HF3FSAdapter:
+class HF3FSAdapter(BuiltInAdapter):
     """``validate_registration`` adapter around the real ``HF3FSKVConnector`` worker."""
 
     connector = "HF3FSKVConnector"
     vllm_module = f"{_MODULE}.hf3fs_connector"
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.conn: Any = None
         self.caches: dict[str, Any] = {}
         self.file = MemoryFile()

@@ -29,7 +29,7 @@ import time
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
 from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
@@ -147,7 +147,7 @@ def _start_server(chunk_size: int) -> tuple[Any, dict[str, Any], Any]:
     return server, handlers, driven._device_host_func_dispatcher
 
 
-class LMCacheMPAdapter:
+class LMCacheMPAdapter(BuiltInAdapter):
     """``validate_registration`` adapter around the connector vLLM resolves as
     ``LMCacheMPConnector``, in LMCache's server-driven transfer mode (its CUDA default)."""
 
@@ -156,8 +156,7 @@ class LMCacheMPAdapter:
     transfer_mode = "lmcache_driven"
     """``lmcache.mp.mp_transfer_mode`` given to the connector."""
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.server: Any = None
         self._dispatcher: Any = None
         self.transport: InProcessTransport | None = None

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext
+from gpu_impl.connectors.base import Ranges, TransferWorkerAdapter
 from gpu_impl.connectors.vllm_setup import plan_case, set_until_exit
 
 
@@ -38,19 +38,12 @@ class RecordingTransferEngine:
         return 0
 
 
-class MooncakeAdapter:
+class MooncakeAdapter(TransferWorkerAdapter):
     """``validate_registration`` adapter around the real Mooncake P2P worker's registration."""
 
     requires_vllm_driver = "mooncake"
-    """What the installed vLLM must provide (``gpu_impl.vllm_api``) for this adapter to run."""
     connector = "MooncakeConnector"
     case_connector = "mooncake"
-    """The case's ``connector``: vLLM resolves the layout this connector asks for."""
-
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
-        self.worker: Any = None
-        self.caches: dict[str, Any] = {}
 
     def register(self, kv_caches: Mapping[str, Any]) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake import mooncake_connector as mc
@@ -102,10 +95,6 @@ class MooncakeAdapter:
         self.worker = w
         self.caches = dict(kv_caches)
 
-    @property
-    def kernel_block_size(self) -> int:
-        return self.worker.block_size
-
     def _regions_of(self, layer: str) -> list[int]:
         w = self.worker
         named = [i for i, n in enumerate(w.registered_layer_names) if n == layer]
@@ -117,14 +106,6 @@ class MooncakeAdapter:
             return exact
         storage = t.untyped_storage().data_ptr()
         return [i for i, b in enumerate(w.kv_caches_base_addr) if b == storage]
-
-    def _kernel_ids(self, layer: str, block_id: int) -> list[int]:
-        w = self.worker
-        gid = w.kv_cache_config.transfer_group_index_by_layer[layer]
-        ids: list[list[int]] = [[] for _ in w.kv_cache_config.transfer_groups]
-        ids[gid] = [block_id]
-        out = w._logical_to_kernel_block_ids(ids)
-        return [int(k) for k in out[gid]]
 
     def descriptors(self, layer: str, block_id: int) -> Ranges:
         w = self.worker

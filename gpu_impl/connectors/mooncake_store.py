@@ -23,7 +23,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
 from gpu_impl.connectors.cuda_stand_ins import SyncEvent
 from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
@@ -150,14 +150,13 @@ class _Stored:
     token_len: int
 
 
-class MooncakeStoreAdapter:
+class MooncakeStoreAdapter(BuiltInAdapter):
     """``validate_registration`` adapter around the real ``MooncakeStoreConnector`` worker."""
 
     connector = "MooncakeStoreConnector"
     vllm_module = "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store.connector"
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.conn: Any = None
         self.worker: Any = None
         self.store_service = RecordingMooncakeStore()

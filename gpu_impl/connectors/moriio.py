@@ -27,7 +27,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
 from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
 _MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.moriio"
@@ -231,14 +231,13 @@ def _shut_down(worker: Any) -> None:
 # --- the adapter -----------------------------------------------------------------------------
 
 
-class MoRIIOAdapter:
+class MoRIIOAdapter(BuiltInAdapter):
     """``validate_registration`` adapter around the real MoRIIO worker (READ mode)."""
 
     connector = "MoRIIOConnector"
     vllm_module = f"{_MODULE}.moriio_connector"
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.worker: Any = None
         self.engine: IOEngine | None = None
         self.caches: dict[str, Any] = {}

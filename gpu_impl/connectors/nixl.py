@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext
+from gpu_impl.connectors.base import Ranges, TransferWorkerAdapter
 from gpu_impl.connectors.vllm_setup import plan_case, set_until_exit, use_transfer_config
 
 
@@ -51,21 +51,14 @@ class RecordingNixl:
         return lambda *a, **k: None
 
 
-class NixlAdapter:
+class NixlAdapter(TransferWorkerAdapter):
     """``validate_registration`` adapter around the real NIXL pull worker."""
 
     worker_path = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker:NixlConnectorWorker"
 
     requires_vllm_driver = "nixl"
-    """What the installed vLLM must provide (``gpu_impl.vllm_api``) for this adapter to run."""
     connector = "NixlConnector"
     case_connector = "nixl"
-    """The case's ``connector``: vLLM resolves the layout this connector asks for."""
-
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
-        self.worker: Any = None
-        self.caches: dict[str, Any] = {}
 
     def register(self, kv_caches: Mapping[str, Any]) -> None:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker as bw
@@ -108,10 +101,6 @@ class NixlAdapter:
 
     # --- what NIXL derived -------------------------------------------------------------------
 
-    @property
-    def kernel_block_size(self) -> int:
-        return self.worker.block_size
-
     def _regions_of(self, layer: str) -> list[int]:
         """Region indices holding ``layer``, the way ``register_kv_caches`` chose them.
 
@@ -137,13 +126,8 @@ class NixlAdapter:
         lo, hi = t.data_ptr(), t.data_ptr() + t.nbytes
         return [i for i, b in enumerate(bases) if lo <= b < hi]
 
-    def _kernel_ids(self, layer: str, block_id: int) -> list[int]:
-        w = self.worker
-        gid = w.kv_cache_config.transfer_group_index_by_layer[layer]
-        ids: list[list[int]] = [[] for _ in w.kv_cache_config.transfer_groups]
-        ids[gid] = [block_id]
-        out = w._logical_to_kernel_block_ids(ids, w._physical_blocks_per_logical_kv_block)
-        return [int(k) for k in out[gid]]
+    def _kernel_id_args(self) -> tuple[Any, ...]:
+        return (self.worker._physical_blocks_per_logical_kv_block,)
 
     def descriptors(self, layer: str, block_id: int) -> Ranges:
         w = self.worker

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator, Mapping, Sequence
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
 from gpu_impl.connectors.cuda_stand_ins import SyncEvent, SyncStream
 from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
@@ -145,7 +145,7 @@ class StoredBlocks:
     """Per offloaded group, the CPU chunk of each stored block."""
 
 
-class OffloadingAdapter:
+class OffloadingAdapter(BuiltInAdapter):
     """``validate_registration`` / round-trip adapter around the real OffloadingConnector worker."""
 
     connector = "OffloadingConnector"
@@ -153,8 +153,7 @@ class OffloadingAdapter:
     """The case's ``connector``: vLLM resolves the layout this connector asks for (LBHNC)."""
     vllm_module = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector"
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.connector_obj: Any = None
         self.swap = SwapBlocks()
         self.region: Any = None

@@ -18,7 +18,7 @@ import types
 from typing import Any, Callable, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext, Undrivable
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
 from gpu_impl.connectors.cuda_stand_ins import SyncEvent, SyncStream
 from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
@@ -90,14 +90,13 @@ def _extent(t: Any) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-class SimpleCPUOffloadAdapter:
+class SimpleCPUOffloadAdapter(BuiltInAdapter):
     """``validate_registration`` adapter around the real SimpleCPUOffload worker."""
 
     connector = "SimpleCPUOffloadConnector"
     vllm_module = "vllm.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector"
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.connector_obj: Any = None
         self.caches: dict[str, Any] = {}
         self._torch = _TorchProxy()

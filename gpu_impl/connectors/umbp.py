@@ -17,7 +17,7 @@ import itertools
 from typing import Any, Mapping, Sequence
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, RegistrationContext
+from gpu_impl.connectors.base import BuiltInAdapter, Ranges
 from gpu_impl.connectors.vllm_setup import case_plan, use_transfer_config
 
 
@@ -106,14 +106,13 @@ class RecordingUMBPRuntime:
         pass
 
 
-class UMBPAdapter:
+class UMBPAdapter(BuiltInAdapter):
     """``validate_registration`` adapter around the real ``UMBPStoreConnector`` worker."""
 
     connector = "UMBPStoreConnector"
     vllm_module = "vllm.distributed.kv_transfer.kv_connector.v1.umbp.connector"
 
-    def __init__(self, ctx: RegistrationContext) -> None:
-        self.ctx = ctx
+    def init_state(self) -> None:
         self.conn: Any = None
         self.runtime = RecordingUMBPRuntime()
         self._ids = itertools.count()

@@ -18,7 +18,7 @@ import sys
 import threading
 import warnings
 from types import SimpleNamespace
-from typing import Iterator
+from typing import Any, Iterator
 
 # Environment set before ``import vllm`` (setdefault: an explicit user value wins,
 # except VLLM_TARGET_DEVICE and VLLM_KV_CACHE_LAYOUT, which the driver owns).
@@ -380,6 +380,19 @@ class _RankZeroGroup:
 
 
 @contextlib.contextmanager
+def attributes_set(target: Any, **values: Any) -> Iterator[None]:
+    """``target``'s attributes set to ``values`` for the block, the originals restored after it."""
+    saved = {name: getattr(target, name) for name in values}
+    for name, value in values.items():
+        setattr(target, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(target, name, value)
+
+
+@contextlib.contextmanager
 def decode_context_parallel_group(world_size: int) -> Iterator[None]:
     """The DCP process group as rank 0 of ``world_size`` (no torch.distributed here):
     attention impls and MLA layers read its size and rank at construction."""
@@ -388,15 +401,9 @@ def decode_context_parallel_group(world_size: int) -> Iterator[None]:
     if world_size <= 1:
         yield
         return
-    real = ps.get_dcp_world_size_and_rank
-    saved = ps._DCP
-    ps.get_dcp_world_size_and_rank = lambda *args, **kwargs: (world_size, 0)
-    ps._DCP = _RankZeroGroup(world_size)
-    try:
+    with attributes_set(ps, get_dcp_world_size_and_rank=lambda *args, **kwargs: (world_size, 0),
+                        _DCP=_RankZeroGroup(world_size)):
         yield
-    finally:
-        ps.get_dcp_world_size_and_rank = real
-        ps._DCP = saved
 
 
 @contextlib.contextmanager
@@ -523,7 +530,6 @@ def _cutlass_mla_import() -> Iterator[None]:
     import vllm.utils.platform_utils as pu
 
     real_empty = torch.empty
-    real_units = pu.num_compute_units
 
     def empty(*args, **kwargs):
         device = kwargs.get("device")
@@ -531,13 +537,8 @@ def _cutlass_mla_import() -> Iterator[None]:
             kwargs["device"] = "meta"
         return real_empty(*args, **kwargs)
 
-    torch.empty = empty
-    pu.num_compute_units = lambda *a, **k: VIRTUAL_SM_COUNT
-    try:
+    with attributes_set(torch, empty=empty), attributes_set(pu, num_compute_units=lambda *a, **k: VIRTUAL_SM_COUNT):
         yield
-    finally:
-        torch.empty = real_empty
-        pu.num_compute_units = real_units
 
 
 @contextlib.contextmanager
@@ -591,6 +592,7 @@ def backend_class(name: str):
 
 __all__ = [
     "BackendUnavailable",
+    "attributes_set",
     "MAMBA_BACKENDS",
     "applied_shims",
     "apply",
