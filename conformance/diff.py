@@ -14,7 +14,10 @@ from typing import Any, Iterable
 
 from reference.config import CaseConfig
 
-from conformance.checks import block_tables, connectors, engine, layout, runners, views
+import dataclasses
+
+from conformance.checks import block_tables, connectors, contract, engine, layout, runners, views
+from conformance.checks.contract import CONTRACT_KINDS, contract_divergences
 from conformance.checks.block_tables import compare_schedule, schedule_divergences
 from conformance.checks.engine import UNCHECKED_LAYERS, judge_token_writes
 from conformance.checks.runners import compare_runners
@@ -33,6 +36,7 @@ FAMILIES: tuple[tuple[Kind, ...], ...] = (
     STARTUP_KINDS,
     layout.KINDS,
     views.KINDS,
+    contract.KINDS,
     block_tables.KINDS,
     runners.KINDS,
     connectors.KINDS,
@@ -65,13 +69,46 @@ def _without_exception_type(error: str) -> str:
     return rest if sep and head.isidentifier() else error
 
 
-def compare(case: CaseConfig, runner: str, observation: Any, schedules: SchedulePlan | None = None) -> Comparison:
-    """Diff the reference against one observation of vLLM for the same case and runner.
+BASES = ("facts", "drift", "contract")
+"""What ``compare`` judges by (``reference.releases.Judgement.basis``): the contract and the
+installed release's facts; the contract and the newest facts, whose divergences are drift; the
+contract alone."""
+
+
+def compare(case: CaseConfig, runner: str, observation: Any, schedules: SchedulePlan | None = None,
+            *, basis: str = "facts") -> Comparison:
+    """Diff one observation of vLLM against the contract and (unless ``basis`` is
+    ``"contract"``) the reference's prediction for the same case and runner.
 
     ``schedules``: the request schedules the observation ran through the runner's block
-    tables, judged step by step (kinds ``block_table`` / ``slot_mapping``)."""
+    tables, judged step by step (kinds ``block_table`` / ``slot_mapping``). ``basis``
+    (``BASES``): with ``"drift"`` every divergence from the facts is marked drift; with
+    ``"contract"`` a refusal is ``refused`` (nothing predicts it) and no fact is consulted."""
+    if basis not in BASES:
+        raise ValueError(f"basis {basis!r} is not one of {', '.join(BASES)}")
     if getattr(observation, "unsupported", None):
         return Comparison(case, runner, "unsupported", detail=observation.unsupported)
+    held = contract_divergences(case, runner, observation)
+    if basis == "contract":
+        error = getattr(observation, "error", None)
+        if error is not None:
+            return Comparison(case, runner, "refused", detail=error)
+        return Comparison(case, runner, "fail" if held else "pass", tuple(held))
+    by_facts = _compare_with_facts(case, runner, observation, schedules)
+    found = by_facts.divergences
+    if basis == "drift":
+        found = tuple(dataclasses.replace(d, basis="drift") for d in found)
+    everything = (*held, *found)
+    status = by_facts.status
+    if status in ("pass", "fail"):
+        status = "fail" if everything else "pass"
+    elif status == "not_modeled" and held:
+        status = "fail"  # the contract still holds where the facts do not reach
+    return dataclasses.replace(by_facts, status=status, divergences=everything)
+
+
+def _compare_with_facts(case: CaseConfig, runner: str, observation: Any, schedules: SchedulePlan | None) -> Comparison:
+    """The reference's prediction for the case against the observation."""
     expected, predicted_error, early = reference_prediction(case, runner)
     if early is not None:
         return early
@@ -104,6 +141,8 @@ def kinds_of(divergences: Iterable[Divergence]) -> set[str]:
 
 
 __all__ = [
+    "BASES",
+    "CONTRACT_KINDS",
     "ENGINE_ONLY_KINDS",
     "FAMILIES",
     "KINDS",

@@ -39,14 +39,23 @@ class Divergence:
     """The reference's value (MRv1's for ``mrv1_mrv2_mismatch``)."""
     observed: Any
     """vLLM's value (MRv2's for ``mrv1_mrv2_mismatch``)."""
+    basis: str = "facts"
+    """What it breaks: ``contract`` (what every vLLM must satisfy, ``conformance.checks.contract``),
+    ``facts`` (the reference's facts for the installed release) or ``drift`` (an unreleased or
+    newer build differs from the newest facts the reference has: a regression, or a new fact)."""
 
     @property
     def message(self) -> str:
         """One line: case, runner, kind, field and both values."""
         if self.kind == "mrv1_mrv2_mismatch":
             text = f"{self.case} [{self.runner}] {self.kind}: {self.field}: MRv1 {self.expected!r} vs MRv2 {self.observed!r}"
+        elif self.basis == "contract":
+            text = f"{self.case} [{self.runner}] {self.kind}: {self.field} is {self.observed!r}, the contract requires {self.expected!r}"
         else:
-            text = f"{self.case} [{self.runner}] {self.kind}: {self.field} is {self.observed!r}, reference expects {self.expected!r}"
+            said = "the facts expect" if self.basis == "drift" else "reference expects"
+            text = f"{self.case} [{self.runner}] {self.kind}: {self.field} is {self.observed!r}, {said} {self.expected!r}"
+            if self.basis == "drift":
+                text += " (drift)"
         # repr() escapes newlines in strings, but an object's own repr may not: keep one line.
         return " ".join(text.split())
 
@@ -60,7 +69,9 @@ class Comparison:
     runner: str
     """``mrv1`` or ``mrv2``."""
     status: str
-    """``pass``, ``fail``, ``unsupported`` (vLLM side cannot run it) or ``not_modeled``."""
+    """``pass``, ``fail``, ``unsupported`` (vLLM side cannot run it), ``not_modeled``, or
+    ``refused`` (vLLM refused the case where only the contract judges: no prediction holds
+    the refusal to a reason)."""
     divergences: tuple[Divergence, ...] = ()
     """Every differing field, in the order the checks ran."""
     detail: str = ""
@@ -70,15 +81,17 @@ class Comparison:
 class Collector:
     """Appends a Divergence for every differing field of one (case, runner)."""
 
-    def __init__(self, case: str, runner: str) -> None:
+    def __init__(self, case: str, runner: str, basis: str = "facts") -> None:
         self.case = case
         self.runner = runner
+        self.basis = basis
+        """Every divergence's ``basis``."""
         self.out: list[Divergence] = []
 
     def cmp(self, kind: str, field: str, expected: Any, observed: Any) -> bool:
         """Record a divergence if the values differ; True when they agree."""
         if expected != observed:
-            self.out.append(Divergence(kind, self.case, self.runner, field, expected, observed))
+            self.out.append(Divergence(kind, self.case, self.runner, field, expected, observed, self.basis))
             return False
         return True
 

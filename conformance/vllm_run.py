@@ -25,6 +25,13 @@ from reference.backends import VLLM_VERSION
 from reference.config import CaseConfig
 
 RUNNERS = ("mrv1", "mrv2")
+MEANINGS = {
+    "contract": ("judged by the contract: only what every vLLM must satisfy, whatever its release, was checked "
+                 "(conformance/checks/contract.py and MRv1 against MRv2); a refusal is reported, not judged"),
+    "drift": ("drift: a divergence from the newest release's facts, on a build the reference has no facts for: "
+              "a regression, or a new fact for the reference (acknowledge it in an expectations file)"),
+}
+"""What "judged by the contract" and "drift" mean, as a run prints them (README: the same words)."""
 KEEP_LOGS = 20
 """vLLM logs of past runs kept in ~/.cache/kvconform/logs."""
 REWRITE_EVERY_S = 5.0
@@ -55,7 +62,9 @@ class ObservationSource:
         return env
 
     def header(self, cases: Sequence[CaseConfig], env: dict[str, Any]) -> str:
-        return (f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against the reference for vLLM {env['reference_vllm']}, "
+        against = ("the contract" if env.get("judged_by") == "contract"
+                   else f"the reference for vLLM {env['reference_vllm']}")
+        return (f"kvconform: vLLM {env['vllm']} (torch {env['torch']}) against {against}, "
                 f"{len(cases)} cases x {len(RUNNERS)} runners")
 
     def observe(self, cases: Sequence[CaseConfig], bar: "_ProgressBar", env: dict[str, Any], *, workers: int, seed: int, schedules: int):
@@ -172,8 +181,13 @@ def _run_against_vllm(
     seed: int | None = None,
     schedules: int = DEFAULT_SCHEDULES,
     source: ObservationSource | None = None,
+    judgement: Any = None,
 ) -> int:
     """Observe, compare, classify and print; returns the CLI exit code.
+
+    ``judgement`` (``reference.releases.Judgement``): what the installed vLLM is judged by,
+    the contract and its release's facts, the contract and the newest facts as drift, or the
+    contract alone; None: the contract and the facts each case names.
 
     ``source``: the driver that observes (default: vLLM's code in this process).
 
@@ -197,8 +211,17 @@ def _run_against_vllm(
     env = source.environment(cases)
     env["cases"] = selection  # profile, seed and filters: enough to rerun the same selection
     env["vllm_log"] = vllm_log
+    basis = "facts" if judgement is None else judgement.basis
+    facts_release = None if judgement is None else judgement.facts_release
+    env["judged_by"] = basis
+    if judgement is not None:
+        env["judgement"] = judgement.describe()
+        if facts_release is None:
+            env["reference_vllm"] = "none (the contract alone)"
     if not quiet:
         print(source.header(cases, env), flush=True)
+        if judgement is not None:
+            print(f"kvconform: {judgement.describe()}", flush=True)
     everything: list[Divergence] = []
     facts: dict[str, Any] = {}
     counts: dict[str, int] = {}
@@ -243,14 +266,14 @@ def _run_against_vllm(
 
     def compare_all() -> None:
         for case, plan, observations in source.observe(cases, bar, env, workers=workers, seed=seed, schedules=schedules):
-            comparisons = [compare(case, runner, observations[runner], plan) for runner in RUNNERS]
+            comparisons = [compare(case, runner, observations[runner], plan, basis=basis) for runner in RUNNERS]
             diffs = compare_runners(case, observations["mrv1"], observations["mrv2"])
             facts[case.name] = case_facts(case, observations.values())
             mine = [*(d for c in comparisons for d in c.divergences), *diffs]
             everything.extend(mine)
             # Matching is per divergence (first entry wins), so one case can be classified
             # on its own and written out before the next starts.
-            case_verdict = classify(mine, Environment(env["vllm"], {case.name: facts[case.name]}), expectations)
+            case_verdict = classify(mine, Environment(env["vllm"], {case.name: facts[case.name]}, facts_release), expectations)
 
             def expected_by(d: Divergence) -> str | None:
                 entry = case_verdict.expectation_for(d)
@@ -308,7 +331,7 @@ def _run_against_vllm(
         save_partial(force=True)
         raise
     bar.close()
-    verdict = classify(everything, Environment(env["vllm"], facts), expectations, kinds=RUN_KINDS)
+    verdict = classify(everything, Environment(env["vllm"], facts, facts_release), expectations, kinds=RUN_KINDS)
     final = report(complete=True, verdict=verdict)
     if json_target == "-":
         print(json.dumps(final, indent=2, sort_keys=True, default=str))
@@ -323,7 +346,9 @@ def _run_against_vllm(
             print(f"kvconform: request schedules through the runners' own block tables (seed {seed}): {runs or 'none'}")
         if vllm_log:
             print(f"kvconform: vLLM's and torch's own output: {vllm_log}")
-    if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) == 0:
+    if not quiet and (basis == "contract" or any(d.basis == "drift" for d in everything)):
+        print(f"kvconform: {MEANINGS[basis]}")
+    if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) + counts.get("refused", 0) == 0:
         if not quiet:
             reasons = sorted({r["detail"] for result in results for r in result["runners"].values() if r["status"] == "unsupported"})
             print("kvconform: nothing ran: every case was unsupported by this vLLM or not modeled"
@@ -511,4 +536,5 @@ def _print_verdict(verdict: Classification, counts: dict[str, int], cases: dict[
             total = sum(len(found) for _, found in list(per_case.items())[len(shown):])
             print(f"  expected [{entry}] ... and {rest} more case(s), {total} divergence(s), in the JSON report")
     for e in verdict.unused:
-        print(f"  UNUSED expectation {e.describe()}: matched nothing in this run; delete or narrow it")
+        origin = f" from {e.source}" if e.source else ""
+        print(f"kvconform: unused expectation {e.describe()}{origin}: matched nothing in this run; delete or narrow it")

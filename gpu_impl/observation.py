@@ -102,6 +102,17 @@ class Observation:
     bound_outside_registered: tuple[str, ...] = ()
     """Layers whose bound cache (what the layer computes with) is not a view of the
     storage registered for that layer (what a connector transfers)."""
+    page_bytes: dict[str, tuple[int, int]] | None = None
+    """Per layer, what vLLM's own spec object for it reports: ``(real_page_size_bytes,
+    page_size_bytes)``, the bytes one logical block holds and the bytes it takes with the
+    padding vLLM declares; None when not observed."""
+    storage_of: dict[str, int] | None = None
+    """Per registered layer, which allocation its view lives in (0, 1, ... in order of first
+    appearance): two layers with the same number share one storage; None when not observed."""
+    bound_views: dict[str, tuple[ViewObs, ...]] | None = None
+    """Per layer, the caches it computes with (``bind_kv_cache``), as views of the storage it
+    is registered in; a cache in another storage is in ``bound_outside_registered``. None when
+    not observed."""
     schedules: tuple[dict[str, Any], ...] = ()
     """Each request schedule asked for, run through the block tables this runner built
     (``runner_tables.run_schedule``; one freshly initialised runner per schedule)."""

@@ -10,6 +10,7 @@ changes at one, is an edit here plus its test (``tests/reference/test_releases.p
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Generic, Mapping, Sequence, TypeVar
 
@@ -296,7 +297,87 @@ def check_gen2_version(text: str) -> Version:
     return v
 
 
+# --- what a run is judged by --------------------------------------------------------------
+
+BY_FACTS = "facts"
+"""The reference has facts for the installed release: every divergence from them is a finding."""
+BY_NEWEST_FACTS = "drift"
+"""An unreleased build (``.dev``, ``rc``, a source build ``+g<sha>``) or a release newer than
+the newest one the reference has facts for: judged by the contract and by the facts of the
+release it builds on; a divergence from those facts is *drift*."""
+BY_CONTRACT = "contract"
+"""A release the reference has no facts for (0.29 to 0.31, or older than generation 1):
+judged by the contract alone."""
+
+_SOURCE_BUILD = re.compile(r"\+g[0-9a-f]{6,}", re.IGNORECASE)
+_PRE_RELEASE = re.compile(r"(\.?dev\d*|rc\d*|a\d+|b\d+)(?=$|[.+])", re.IGNORECASE)
+
+
+def is_unreleased(text: str) -> bool:
+    """Whether ``text`` names a build that is not a published release: ``0.34.0.dev12+g1a2b3c4``,
+    ``0.33.1rc1``, a source build ``0.33.0+g9f8e7d6``. A platform build of a release
+    (``0.32.0+cpu``, ``0.33.0+cu128``) is that release."""
+    body = text.split("+", 1)[0]
+    return bool(_PRE_RELEASE.search(body)) or bool(_SOURCE_BUILD.search(text))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the installed vLLM is judged by: its own release's facts, the newest facts as drift, or the contract alone."""
+
+    installed: str
+    """The installed vLLM's version, as its package metadata reads."""
+    basis: str
+    """``BY_FACTS``, ``BY_NEWEST_FACTS`` (drift) or ``BY_CONTRACT``."""
+    facts_release: str | None
+    """The release whose facts the reference predicts with (``"0.33.0"``); None: the contract alone."""
+    generation: int | None
+    """The generation of those facts (1 or 2); None for the contract alone."""
+
+    @property
+    def drift(self) -> bool:
+        """Whether a divergence from the facts is reported as drift."""
+        return self.basis == BY_NEWEST_FACTS
+
+    @property
+    def contract_only(self) -> bool:
+        return self.basis == BY_CONTRACT
+
+    def describe(self) -> str:
+        """``"vLLM 0.34.0.dev12+g1a2b3c4 (unreleased): judged by the contract and by 0.33.0's facts"``."""
+        if self.basis == BY_FACTS:
+            return f"vLLM {self.installed}: judged by the contract and by {self.facts_release}'s facts"
+        if self.basis == BY_NEWEST_FACTS:
+            what = "unreleased" if is_unreleased(self.installed) else "newer than the reference's facts"
+            return f"vLLM {self.installed} ({what}): judged by the contract and by {self.facts_release}'s facts"
+        return (f"vLLM {self.installed} (the reference has no facts for it): judged by the contract alone")
+
+
+def judgement_for(installed: str, *, contract_only: bool = False) -> Judgement:
+    """What a vLLM reporting ``installed`` is judged by; never refused for lack of facts.
+
+    ``contract_only``: judge by the contract alone whatever the release (``--contract-only``).
+    Raises ConfigError only when ``installed`` is not a version at all."""
+    v = parse_version(installed)
+    if contract_only:
+        return Judgement(installed, BY_CONTRACT, None, None)
+    unreleased = is_unreleased(installed)
+    if GEN1_FIRST <= v < GEN1_END:
+        return Judgement(installed, BY_NEWEST_FACTS if unreleased else BY_FACTS, format_version(v), 1)
+    if GEN2_FACTS_FROM <= v < GEN2_FACTS_UNTIL:
+        return Judgement(installed, BY_NEWEST_FACTS if unreleased else BY_FACTS, format_version(v), 2)
+    if v >= GEN2_FACTS_UNTIL:
+        return Judgement(installed, BY_NEWEST_FACTS, TARGET_RELEASE, 2)
+    return Judgement(installed, BY_CONTRACT, None, None)
+
+
 __all__ = [
+    "BY_CONTRACT",
+    "BY_FACTS",
+    "BY_NEWEST_FACTS",
+    "Judgement",
+    "is_unreleased",
+    "judgement_for",
     "Fact",
     "GEN1",
     "GEN1_END",

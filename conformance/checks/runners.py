@@ -27,7 +27,7 @@ def compare_runners(case: CaseConfig | str, mrv1: Any, mrv2: Any) -> tuple[Diver
     """
     if mrv1 is None or mrv2 is None or getattr(mrv1, "unsupported", None) or getattr(mrv2, "unsupported", None):
         return ()
-    c = Collector(case_name(case), RUNNER_PAIR)
+    c = Collector(case_name(case), RUNNER_PAIR, basis="contract")  # no reference involved
     kind = "mrv1_mrv2_mismatch"
     e1, e2 = getattr(mrv1, "error", None), getattr(mrv2, "error", None)
     if (e1 is None) != (e2 is None):

@@ -18,10 +18,6 @@ KINDS = (
     Kind("registered_dtype", "a registered view's dtype."),
     Kind("registered_offset", "a registered view's storage offset (elements)."),
     Kind("registered_storage", "the size (bytes) of a registered view's storage."),
-    Kind("bound_storage",
-         "a layer computes with a cache that is not a view of the storage registered for it (a "
-         "connector would move other bytes than the kernels use); only observations of the "
-         "runner's own ``initialize_kv_cache`` carry it."),
 )
 
 
@@ -53,10 +49,9 @@ def compare_views(c: Collector, expected: Mapping[str, Any], observed: Mapping[s
 
 
 def judge_views(c: Collector, expected: Any, observation: Any) -> None:
-    """The registered views against the reference's, then the layers bound outside them."""
+    """The registered views against the reference's (what layers are bound to is the
+    contract's: ``conformance.checks.contract``)."""
     compare_views(c, expected.registered, observation.registered, mismatch=False)
-    outside = tuple(getattr(observation, "bound_outside_registered", ()) or ())
-    c.cmp("bound_storage", "layers bound outside their registered storage", (), outside)
 
 
 __all__ = ["KINDS", "compare_views", "judge_views"]

@@ -464,6 +464,7 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             ),
             num_blocks=kv_cache_config.num_blocks,
             bytes_per_block=bytes_per_block,
+            page_bytes=_page_bytes(kv_cache_config),
             tensors=tuple(
                 TensorObs(t.size, tuple(t.layers), t.layer_stride, t.block_stride, t.offset)
                 for t in kv_cache_config.kv_cache_tensors
@@ -634,9 +635,33 @@ def _observe_runner_state(runner, instance, layers, recorder, result) -> None:
         result["builder_kernel_block_sizes"] = builders
     if recorder.registered is not None:
         result["registered"] = {name: _view(t) for name, t in recorder.registered.items()}
+        result["storage_of"] = _storage_numbers(recorder.registered)
         bound = runners.bound_caches(layers)
         result["bound_shapes"] = {name: tuple(ts[0].shape) for name, ts in bound.items()}
         result["bound_outside_registered"] = _bound_outside_registered(bound, recorder.registered)
+        result["bound_views"] = {
+            name: tuple(_view(t) for t in tensors)
+            for name, tensors in bound.items()
+            if name in recorder.registered and all(runners.same_storage(t, recorder.registered[name]) for t in tensors)
+        }
+
+
+def _storage_numbers(registered) -> dict[str, int]:
+    """Per layer, which storage its registered view lives in (numbered by first appearance)."""
+    numbers: dict[int, int] = {}
+    return {name: numbers.setdefault(t.untyped_storage()._cdata, len(numbers)) for name, t in registered.items()}
+
+
+def _page_bytes(kv_cache_config) -> dict[str, tuple[int, int]]:
+    """Per layer, its spec's ``(real_page_size_bytes, page_size_bytes)`` as vLLM reports them."""
+    out: dict[str, tuple[int, int]] = {}
+    for group in kv_cache_config.kv_cache_groups:
+        per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        for name in group.layer_names:
+            spec = per_layer.get(name, group.kv_cache_spec) if isinstance(per_layer, dict) else group.kv_cache_spec
+            padded = spec.page_size_bytes
+            out[name] = (getattr(spec, "real_page_size_bytes", padded), padded)
+    return out
 
 
 def _bound_outside_registered(bound, registered) -> tuple[str, ...]:
@@ -671,6 +696,7 @@ def _initialize_through_shared_functions(kv_cache_config, layout, backends, laye
     with _stage("allocate"):
         kv_caches = allocate_kv_cache(kv_cache_config, torch.device(device), layout, kernel_block_sizes)
     result["registered"] = {name: _view(t) for name, t in kv_caches.items()}
+    result["storage_of"] = _storage_numbers(kv_caches)
     result["builder_kernel_block_sizes"] = None
     result["bound_shapes"] = None
     return kv_caches

@@ -1,0 +1,292 @@
+"""The contract: what every vLLM must satisfy, whatever its release, read off one observation alone.
+
+No reference derivation and no release fact is used here: each check holds an observation
+to itself (its registered views against their storage, its kernel block sizes against its
+views, its pages against the spec objects vLLM itself built). A vLLM the reference has no
+facts for (an unreleased build, 0.29 to 0.31) is judged by these checks and by
+``mrv1_mrv2_mismatch`` (``conformance.checks.runners``); ``kvconform run --contract-only``
+judges by them alone. Sharing by design is the one rule taken from the model of vLLM's
+allocator rather than from the observation: layers of different KV cache groups share the
+pool's pages (hybrid groups overlay one another), so their bytes may coincide, but only for
+the same logical block id; two layers of one group, or two blocks, never share a byte.
+
+A fact a driver does not observe (``None``) is not checked; a view too irregular to lay out
+in bounded memory is named in ``not_checked`` of its divergence-free outcome, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from conformance.divergence import Collector, Kind
+
+KINDS = (
+    Kind("view_bounds",
+         "a registered view reaches outside its storage (negative strides, or bytes past the "
+         "storage's end): contract."),
+    Kind("kernel_blocks",
+         "a registered view has no dimension of num_blocks x (block size / kernel block size) kernel "
+         "blocks, or a layer's metadata builder was given another kernel block size than its group's "
+         "views are split into: contract."),
+    Kind("page_bytes",
+         "one logical block of a registered view holds another number of bytes than vLLM's own spec "
+         "object for that layer reports (``real_page_size_bytes``): contract."),
+    Kind("block_overlap",
+         "the bytes of two different (layer, logical block) pairs overlap, other than layers of "
+         "different KV cache groups on the same block id (hybrid groups share pages by design): contract."),
+    Kind("allocation_size",
+         "an allocation holds more or fewer bytes than its blocks: num_blocks x the padded pages "
+         "(``page_size_bytes``) of the layers of one group that live in it (the largest group): contract."),
+    Kind("bound_storage",
+         "a layer computes with a cache that is not a view of the storage registered for it (a "
+         "connector would move other bytes than the kernels use); only observations of the "
+         "runner's own ``initialize_kv_cache`` carry it: contract."),
+    Kind("bound_view",
+         "a layer computes with bytes outside the view registered for it, or with the same shape "
+         "but other strides, offset or dtype (a connector and the kernels would disagree on where a "
+         "token lives): contract."),
+)
+
+CONTRACT_KINDS = tuple(kind.name for kind in KINDS) + ("mrv1_mrv2_mismatch",)
+"""Every kind judged without the reference's facts: this family's and the runner comparison."""
+
+MAX_INTERVALS = 400_000
+"""Byte runs examined per observation at most: the overlap check's memory bound."""
+
+ITEMSIZE = {
+    "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
+    "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1,
+    "int16": 2, "uint16": 2, "float16": 2, "bfloat16": 2,
+    "int32": 4, "uint32": 4, "float32": 4,
+    "int64": 8, "uint64": 8, "float64": 8,
+}
+"""Bytes per element of each torch dtype a KV cache view can have (torch's, not vLLM's)."""
+
+
+@dataclass(frozen=True)
+class _Layer:
+    name: str
+    group: int
+    ratio: int
+    """Kernel blocks per logical block."""
+    kernel_blocks: int
+
+
+def _itemsize(dtype: str) -> int | None:
+    return ITEMSIZE.get(str(dtype).removeprefix("torch."))
+
+
+def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements from the first to one past the last element a view can address."""
+    if any(s == 0 for s in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+def _runs(shape: Sequence[int], stride: Sequence[int], limit: int) -> list[tuple[int, int]] | None:
+    """The contiguous element runs ``(start, end)`` of a view relative to its offset, merged
+    innermost first; None when there would be more than ``limit`` runs."""
+    dims = sorted(((st, n) for n, st in zip(shape, stride) if n != 1), key=lambda d: d[0])
+    run = 1
+    while dims and dims[0][0] == run:
+        run *= dims.pop(0)[1]
+    count = 1
+    for _, n in dims:
+        count *= n
+        if count > limit:
+            return None
+    starts = [0]
+    for st, n in dims:
+        starts = [s + i * st for s in starts for i in range(n)]
+    return sorted((s, s + run) for s in starts)
+
+
+def _layers(observation: Any) -> dict[str, _Layer]:
+    """Per layer of an observed group: its group, kernel-block ratio and number of kernel blocks."""
+    out: dict[str, _Layer] = {}
+    sizes = observation.kernel_block_sizes
+    num_blocks = observation.num_blocks
+    if not sizes or num_blocks is None:
+        return out
+    for gid, group in enumerate(observation.groups):
+        if gid >= len(sizes) or not sizes[gid] or group.block_size % sizes[gid]:
+            continue
+        ratio = group.block_size // sizes[gid]
+        for name in group.layer_names:
+            out[name] = _Layer(name, gid, ratio, num_blocks * ratio)
+    return out
+
+
+def _block_dim(view: Any, kernel_blocks: int) -> int | None:
+    """The dimension that counts the view's kernel blocks: of that size, the largest stride."""
+    dims = [d for d, n in enumerate(view.shape) if n == kernel_blocks]
+    return max(dims, key=lambda d: view.stride[d]) if dims else None
+
+
+def judge_contract(c: Collector, case: Any, observation: Any) -> None:
+    """Every contract check of one observation (``c`` collects as ``basis="contract"``)."""
+    registered: Mapping[str, Any] = getattr(observation, "registered", None) or {}
+    for name, view in registered.items():
+        _check_bounds(c, name, view)
+    layers = _layers(observation)
+    blocks = {}
+    for name, view in registered.items():
+        layer = layers.get(name)
+        if layer is None:
+            continue
+        dim = _block_dim(view, layer.kernel_blocks)
+        if dim is None:
+            c.cmp("kernel_blocks", f"{name}.shape: a dimension of {layer.kernel_blocks} kernel blocks",
+                  layer.kernel_blocks, tuple(view.shape))
+            continue
+        blocks[name] = dim
+    _check_builders(c, case, observation, layers)
+    _check_pages(c, observation, layers, blocks)
+    _check_overlap(c, observation, layers, blocks)
+    _check_allocations(c, observation, layers)
+    _check_bound(c, observation)
+
+
+def _check_bounds(c: Collector, name: str, view: Any) -> None:
+    size = _itemsize(view.dtype)
+    if size is None:
+        return
+    if any(st < 0 for st in view.stride) or view.storage_offset < 0:
+        c.cmp("view_bounds", f"{name}: strides and offset", "non-negative", (tuple(view.stride), view.storage_offset))
+        return
+    end = (view.storage_offset + _extent(view.shape, view.stride)) * size
+    nbytes = getattr(view, "storage_nbytes", None)
+    if nbytes is not None and end > nbytes:
+        c.cmp("view_bounds", f"{name}: last byte addressed", f"<= {nbytes} (the storage's size)", end)
+
+
+def _check_builders(c: Collector, case: Any, observation: Any, layers: Mapping[str, _Layer]) -> None:
+    builders = getattr(observation, "builder_kernel_block_sizes", None) or {}
+    sizes = observation.kernel_block_sizes or ()
+    for name, given in sorted(builders.items()):
+        layer = layers.get(name)
+        if layer is None or layer.group >= len(sizes):
+            continue
+        c.cmp("kernel_blocks", f"{name}: builder kernel block size (group {layer.group}'s views)",
+              sizes[layer.group], given)
+
+
+def _subview(view: Any, dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    shape = tuple(n for d, n in enumerate(view.shape) if d != dim)
+    stride = tuple(s for d, s in enumerate(view.stride) if d != dim)
+    return shape, stride
+
+
+def _check_pages(c: Collector, observation: Any, layers: Mapping[str, _Layer], blocks: Mapping[str, int]) -> None:
+    pages = getattr(observation, "page_bytes", None)
+    if not pages:
+        return
+    for name, dim in blocks.items():
+        view, layer = observation.registered[name], layers[name]
+        size = _itemsize(view.dtype)
+        if name not in pages or size is None:
+            continue
+        shape, _ = _subview(view, dim)
+        elements = 1
+        for n in shape:
+            elements *= n
+        c.cmp("page_bytes", f"{name}: bytes per logical block", pages[name][0], layer.ratio * elements * size)
+
+
+def _check_overlap(c: Collector, observation: Any, layers: Mapping[str, _Layer], blocks: Mapping[str, int]) -> None:
+    storage_of = getattr(observation, "storage_of", None)
+    if not storage_of:
+        return
+    intervals: list[tuple[int, int, str, int]] = []
+    budget = MAX_INTERVALS
+    for name, dim in blocks.items():
+        view, layer = observation.registered[name], layers[name]
+        size = _itemsize(view.dtype)
+        if size is None or name not in storage_of:
+            continue
+        shape, stride = _subview(view, dim)
+        runs = _runs(shape, stride, budget)
+        if runs is None or len(runs) * layer.kernel_blocks > budget:
+            return  # too irregular to lay out in bounded memory: not checked
+        budget -= len(runs) * layer.kernel_blocks
+        base = storage_of[name] << 60  # keep storages apart on one axis
+        for j in range(layer.kernel_blocks):
+            first = view.storage_offset + j * view.stride[dim]
+            logical = j // layer.ratio
+            for start, end in runs:
+                intervals.append((base + (first + start) * size, base + (first + end) * size, name, logical))
+    intervals.sort()
+    reported: set[tuple[str, str]] = set()
+    reach: tuple[int, str, int] | None = None  # the interval reaching furthest so far
+    for start, end, name, logical in intervals:
+        if reach is not None and start < reach[0]:
+            _, other, other_block = reach
+            if not _shared_by_design(layers, name, logical, other, other_block):
+                pair = tuple(sorted((f"{name}[{logical}]", f"{other}[{other_block}]")))
+                if pair not in reported and len(reported) < 8:
+                    reported.add(pair)  # type: ignore[arg-type]
+                    c.cmp("block_overlap", f"{pair[0]} and {pair[1]}", "no shared byte", f"share bytes from {start & ((1 << 60) - 1)}")
+        if reach is None or end > reach[0]:
+            reach = (end, name, logical)
+
+
+def _shared_by_design(layers: Mapping[str, _Layer], a: str, block_a: int, b: str, block_b: int) -> bool:
+    """Hybrid groups overlay one another's pages: the same block id of layers in different groups."""
+    return layers[a].group != layers[b].group and block_a == block_b
+
+
+def _check_allocations(c: Collector, observation: Any, layers: Mapping[str, _Layer]) -> None:
+    storage_of = getattr(observation, "storage_of", None)
+    pages = getattr(observation, "page_bytes", None)
+    if not storage_of or not pages or observation.num_blocks is None:
+        return
+    per_storage: dict[int, dict[int, int]] = {}
+    sizes: dict[int, int] = {}
+    for name, number in storage_of.items():
+        layer = layers.get(name)
+        if layer is None or name not in pages:
+            return  # a layer outside every group: nothing to hold the allocation to
+        groups = per_storage.setdefault(number, {})
+        groups[layer.group] = groups.get(layer.group, 0) + pages[name][1]
+        sizes[number] = observation.registered[name].storage_nbytes
+    for number, groups in sorted(per_storage.items()):
+        names = sorted(n for n, s in storage_of.items() if s == number)
+        expected = observation.num_blocks * max(groups.values())
+        c.cmp("allocation_size", f"allocation of {names[0]}{' +' if len(names) > 1 else ''}: bytes", expected, sizes[number])
+
+
+def _check_bound(c: Collector, observation: Any) -> None:
+    outside = tuple(getattr(observation, "bound_outside_registered", ()) or ())
+    c.cmp("bound_storage", "layers bound outside their registered storage", (), outside)
+    bound = getattr(observation, "bound_views", None) or {}
+    for name, views in sorted(bound.items()):
+        reg = observation.registered.get(name)
+        size = None if reg is None else _itemsize(reg.dtype)
+        if reg is None or size is None:
+            continue
+        lo, hi = reg.storage_offset * size, (reg.storage_offset + _extent(reg.shape, reg.stride)) * size
+        for k, view in enumerate(views):
+            vsize = _itemsize(view.dtype)
+            if vsize is None:
+                continue
+            if tuple(view.shape) == tuple(reg.shape):
+                c.cmp("bound_view", f"{name}: bound cache {k} (stride, offset, dtype)",
+                      (tuple(reg.stride), reg.storage_offset, reg.dtype), (tuple(view.stride), view.storage_offset, view.dtype))
+                continue
+            v_lo = view.storage_offset * vsize
+            v_hi = (view.storage_offset + _extent(view.shape, view.stride)) * vsize
+            if v_lo < lo or v_hi > hi:
+                c.cmp("bound_view", f"{name}: bound cache {k} bytes", f"within [{lo}, {hi})", f"[{v_lo}, {v_hi})")
+
+
+def contract_divergences(case: Any, runner: str, observation: Any) -> list:
+    """The contract's divergences of one observation (each with ``basis="contract"``)."""
+    c = Collector(case.name if hasattr(case, "name") else str(case), runner, basis="contract")
+    if getattr(observation, "unsupported", None) or getattr(observation, "error", None):
+        return []
+    judge_contract(c, case, observation)
+    return c.out
+
+
+__all__ = ["CONTRACT_KINDS", "ITEMSIZE", "KINDS", "contract_divergences", "judge_contract"]
