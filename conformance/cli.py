@@ -145,32 +145,17 @@ def _installed_generation1() -> str | None:
     return version
 
 
-def _judged_by_installed_release(cases: Sequence[Any]) -> list:
-    """Generation-2 cases stamped with the installed vLLM's release, which the reference then
-    judges them by (``reference.releases``); a release it has no facts for ends the run in
-    one line (exit 5) instead of being judged by another release's rules."""
-    import importlib.metadata as md
-
-    from reference.errors import ConfigError, NotModeledError
-    from reference.gen1 import check_gen1_version, parse_version
-    from reference.releases import check_gen2_version
+def _judged_by_installed_release(cases: Sequence[Any], *, contract_only: bool = False):
+    """``(cases, judgement)``: what the installed vLLM is judged by (``conformance.judgement``)
+    and the cases stamped with the release whose facts then predict; no vLLM: no judgement."""
+    from conformance.judgement import installed_judgement, judged_cases
+    from reference.errors import ConfigError
 
     try:
-        installed = md.version("vllm")
-        release = parse_version(installed)
-    except (md.PackageNotFoundError, ConfigError):
-        return list(cases)
-    try:
-        check_gen1_version(installed)
-        return list(cases)  # generation 1: its cases carry their release; the driver check covers the rest
-    except (ConfigError, NotModeledError):
-        pass
-    try:
-        check_gen2_version(installed)
-    except NotModeledError as exc:
-        raise NothingRan(str(exc)) from None
-    stamp = ".".join(map(str, release))
-    return [c.with_(vllm_version=stamp) if c.generation == 2 else c for c in cases]
+        judgement = installed_judgement(contract_only=contract_only)
+    except ConfigError as exc:
+        raise NothingRan(f"the installed vLLM's version cannot be read as a release: {exc}") from None
+    return judged_cases(cases, judgement), judgement
 
 
 def _select_cases(names: Sequence[str] | None):
@@ -199,16 +184,21 @@ def _write_json(payload: dict[str, Any], target: str | None) -> None:
 
 
 def _load_expectations(args: argparse.Namespace):
-    """The known divergences for ``run``: --expectations FILE, the shipped file, or none."""
-    from conformance.expectations import DEFAULT_PATH, ExpectationsError, load
+    """The known divergences for ``run`` / ``replay``, and the report's name for their files:
+    the shipped file, then each --expectations FILE in order (``load_layered``);
+    --no-shipped-expectations drops the shipped one; --no-expectations: none at all."""
+    from conformance.expectations import ExpectationsError, describe_layers, load_layered
 
+    paths = args.expectations or []
     if args.no_expectations:
+        if paths:
+            raise UsageError("--no-expectations and --expectations exclude each other "
+                             "(--no-shipped-expectations keeps only the files given)")
         return (), None
-    path = args.expectations or DEFAULT_PATH
+    shipped = not args.no_shipped_expectations
     # The shipped file is named as in the source tree, so reports do not carry this machine's paths.
-    source = str(path) if args.expectations else "conformance/expectations.toml (shipped)"
     try:
-        return load(path), source
+        return load_layered(paths, shipped=shipped), describe_layers(paths, shipped=shipped)
     except ExpectationsError as exc:
         raise UsageError(str(exc)) from None
 
@@ -364,6 +354,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _check_writable(args.json)
     if args.engine:
         return _cmd_run_engine(args)
+    if args.contract_only and args.reference_only:
+        raise UsageError("--contract-only and --reference-only exclude each other (the contract judges vLLM)")
     cases = _run_cases(args)
     if not args.reference_only:
         import importlib.util
@@ -377,7 +369,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             ) from None
         from conformance.vllm_run import run_against_vllm
 
-        cases = _judged_by_installed_release(cases)
+        cases, judgement = _judged_by_installed_release(cases, contract_only=args.contract_only)
         selection = f"profile {args.profile}, seed {args.seed}"
         selection += "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("model", args.model), ("case", args.case)) if v)
         return run_against_vllm(
@@ -390,6 +382,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             workers=args.workers,
             seed=args.seed,
             schedules=_case_schedules(args),
+            judgement=judgement,
         )
     results = []
     quiet = args.json == "-"
@@ -468,7 +461,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise NothingRan("vLLM is not installed, so there is nothing to replay against")
     from conformance.vllm_run import run_against_vllm
 
-    cases = _judged_by_installed_release(cases)
+    cases, judgement = _judged_by_installed_release(cases, contract_only=getattr(args, "contract_only", False))
 
     # With --json - stdout carries only the JSON report.
     print(f"kvconform: replaying {len(cases)} divergent case(s) from {args.report}", file=sys.stderr if args.json == "-" else sys.stdout)
@@ -482,7 +475,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if isinstance(count, int) and not isinstance(count, bool) and 0 <= count <= 100:
         kwargs["schedules"] = count
     return run_against_vllm(cases, json_target=args.json, quiet=args.json == "-", expectations=expectations,
-                            expectations_source=source, **kwargs)
+                            expectations_source=source, judgement=judgement, **kwargs)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -601,6 +594,22 @@ def _check_outputs(args: argparse.Namespace, *names: str) -> None:
         _check_writable(getattr(args, name), f"--{name}")
 
 
+def _add_expectations_options(p: argparse.ArgumentParser) -> None:
+    """``run`` and ``replay``: the known divergences (``_load_expectations`` reads them)."""
+    p.add_argument(
+        "--expectations",
+        action="append",
+        metavar="FILE",
+        help="your own known divergences (TOML, repeatable), layered after the shipped "
+        "conformance/expectations.toml in the order given; the first entry that matches wins "
+        "(docs/expectations.md)",
+    )
+    p.add_argument("--no-shipped-expectations", action="store_true",
+                   help="leave out the shipped conformance/expectations.toml (keeps the --expectations files)")
+    p.add_argument("--no-expectations", action="store_true",
+                   help="treat every divergence as unexpected (no expectations file at all)")
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (``--help`` still shows the usage)."""
 
@@ -631,13 +640,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedules", type=_schedule_count, default=None, metavar="N", help="seeded request schedules per case through each runner's own block tables (default: 2 for the named cases, the profile's otherwise; 0: none)")
     p.add_argument("--workers", type=_workers, default=1, help="observe cases in N processes ('auto': one per CPU); each imports vLLM once (~8 s)")
     p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")
+    p.add_argument("--contract-only", action="store_true",
+                   help="judge by the contract alone (what every vLLM must satisfy), not by any release's facts")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
-    p.add_argument(
-        "--expectations",
-        metavar="FILE",
-        help="known divergences (TOML; default: the shipped conformance/expectations.toml)",
-    )
-    p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
+    _add_expectations_options(p)
     p.add_argument(
         "--engine",
         action="store_true",
@@ -648,8 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("replay", help="rerun exactly the divergent configs of a `kvconform run --json` report")
     p.add_argument("report", help=RUN_REPORT_HELP)
     _add_output_files(p, json="write the replay's report as JSON ('-' for stdout only)")
-    p.add_argument("--expectations", metavar="FILE", help="known divergences (default: the shipped file)")
-    p.add_argument("--no-expectations", action="store_true", help="treat every divergence as unexpected")
+    p.add_argument("--contract-only", action="store_true", help="judge by the contract alone, not by any release's facts")
+    _add_expectations_options(p)
     p.set_defaults(func=_cmd_replay)
 
     p = sub.add_parser("report", help="validate a `kvconform run --json` report and write it as JUnit XML, Markdown or HTML")

@@ -50,6 +50,8 @@ KINDS = tuple(kind.name for family in FAMILIES for kind in family)
 KIND_MEANINGS = {kind.name: kind.meaning for family in FAMILIES for kind in family}
 """What differs when a divergence has each kind."""
 ENGINE_ONLY_KINDS = tuple(kind.name for kind in engine.KINDS)
+SCHEDULE_ONLY_KINDS = tuple(kind.name for kind in block_tables.KINDS) + contract.SCHEDULE_KINDS
+"""Kinds only request schedules through the runners' block tables can show (none with ``--schedules 0``)."""
 """Only observations of a running engine carry what these compare."""
 
 
@@ -88,13 +90,16 @@ def compare(case: CaseConfig, runner: str, observation: Any, schedules: Schedule
         raise ValueError(f"basis {basis!r} is not one of {', '.join(BASES)}")
     if getattr(observation, "unsupported", None):
         return Comparison(case, runner, "unsupported", detail=observation.unsupported)
-    held = contract_divergences(case, runner, observation)
+    scenarios = () if schedules is None else schedules.scenarios
     if basis == "contract":
+        held = contract_divergences(case, runner, observation, scenarios)
         error = getattr(observation, "error", None)
         if error is not None:
             return Comparison(case, runner, "refused", detail=error)
         return Comparison(case, runner, "fail" if held else "pass", tuple(held))
+    # The facts first: reading the case raises ConfigError on bad input before anything is judged.
     by_facts = _compare_with_facts(case, runner, observation, schedules)
+    held = contract_divergences(case, runner, observation, scenarios)
     found = by_facts.divergences
     if basis == "drift":
         found = tuple(dataclasses.replace(d, basis="drift") for d in found)
@@ -145,6 +150,7 @@ __all__ = [
     "CONTRACT_KINDS",
     "ENGINE_ONLY_KINDS",
     "FAMILIES",
+    "SCHEDULE_ONLY_KINDS",
     "KINDS",
     "KIND_MEANINGS",
     "RUNNER_PAIR",

@@ -20,6 +20,12 @@ first entry, in file order, that matches it) and unexpected ones (which fail a r
 lists the entries that matched nothing (``unused``: stale entries to delete). An entry
 for another vLLM version, or scoped to cases that did not run, is not reported unused.
 
+A consumer layers its own files on the shipped one (``load_layered``; ``kvconform run
+--expectations FILE``, repeatable; the pytest ini option ``kvconform_expectations``): the
+shipped entries come first, then each file's, so a consumer's entry adds to the shipped
+ones and never overrides one that matches first. Ids are unique across all the files, and
+each entry records its file (``Expectation.source``). See docs/expectations.md.
+
 Version ranges are comma-separated clauses ``OP VERSION`` with OP one of ``>= <= > < == !=``
 (a bare version means ``==``; ``==0.33.*`` / ``!=0.33.*`` match a release series).
 Installed versions are compared by their release numbers only: suffixes (``rc1``,
@@ -34,8 +40,9 @@ expected.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
@@ -192,6 +199,10 @@ class Expectation:
     options: tuple[str, ...] = ()
     without: tuple[str, ...] = ()
     vllm: VersionRange | None = None
+    source: str = dataclasses.field(default="", compare=False)  # ``field`` is the glob above
+    """The file the entry came from, as named to the user (``conformance/expectations.toml``
+    for the shipped file, a consumer's path as given); "" for an entry made in code. Not
+    part of the entry's identity (``==``)."""
 
     def applies_to(self, vllm_version: str | None) -> bool:
         """Whether the entry is in force for this vLLM (no range: always)."""
@@ -342,7 +353,7 @@ def loads(text: str, source: str = "<expectations>") -> tuple[Expectation, ...]:
         if entry.id in seen:
             raise _fail(f"{source}: expectation {index}", f"id {entry.id!r} is already used by expectation {seen[entry.id]}")
         seen[entry.id] = index
-        out.append(entry)
+        out.append(replace(entry, source=source))
     return tuple(out)
 
 
@@ -355,7 +366,70 @@ def load(path: str | Path | None = None) -> tuple[Expectation, ...]:
         raise ExpectationsError(f"expectations file {str(target)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ExpectationsError(f"expectations file {str(target)!r} cannot be read: {exc}") from None
-    return loads(text, source=str(target))
+    entries = loads(text, source=str(target))
+    if target.resolve() == DEFAULT_PATH.resolve():  # named as in the source tree, not by this machine's path
+        entries = tuple(replace(e, source=SHIPPED_SOURCE) for e in entries)
+    return entries
+
+
+SHIPPED_SOURCE = "conformance/expectations.toml"
+"""The ``source`` of the shipped file's entries: named as in the source tree, so reports and
+messages do not carry this machine's paths."""
+
+
+def _label(path: str | Path) -> str:
+    return str(Path(path))
+
+
+def load_layered(
+    paths: Sequence[str | Path] = (), *, shipped: bool = True, labels: Sequence[str] | None = None
+) -> tuple[Expectation, ...]:
+    """The shipped file's entries (unless ``shipped`` is False), then each file's in ``paths``, in order.
+
+    This is the order ``classify`` tries entries in, and the first entry that matches a
+    divergence is the one that expects it: a consumer's file therefore adds entries and
+    cannot override (re-scope, re-word or disable) a shipped entry that matches first.
+    Ids must be unique across every layered file; a duplicate is an ``ExpectationsError``
+    (one line) naming both files, as is a file layered twice. Each entry's ``source`` is
+    its file: ``SHIPPED_SOURCE``, or ``labels[i]`` (default: the path as given) for
+    ``paths[i]``.
+    """
+    paths = list(paths)
+    names = [_label(p) for p in paths] if labels is None else [str(n) for n in labels]
+    if len(names) != len(paths):
+        raise ValueError(f"{len(labels or ())} labels for {len(paths)} expectations files")
+    layers: list[tuple[str, Path]] = ([(SHIPPED_SOURCE, DEFAULT_PATH)] if shipped else []) + [
+        (name, Path(path)) for name, path in zip(names, paths)
+    ]
+    seen_files: dict[Path, str] = {}
+    seen_ids: dict[str, tuple[str, int]] = {}
+    out: list[Expectation] = []
+    for name, path in layers:
+        resolved = path.resolve()
+        if resolved in seen_files:
+            hint = " (the shipped file is always layered first unless --no-shipped-expectations)" if seen_files[resolved] == SHIPPED_SOURCE else ""
+            raise ExpectationsError(f"expectations file {name!r} is layered twice: it is also {seen_files[resolved]!r}{hint}")
+        seen_files[resolved] = name
+        for index, entry in enumerate(load(path), 1):
+            if entry.id in seen_ids:
+                first, at = seen_ids[entry.id]
+                hint = (" (a copy of the shipped file? --no-shipped-expectations uses yours instead)"
+                        if first == SHIPPED_SOURCE else "")
+                raise ExpectationsError(
+                    f"{name}: expectation {index}: id {entry.id!r} is already used by expectation {at} of {first}; "
+                    f"ids must be unique across the layered expectations files{hint}"
+                )
+            seen_ids[entry.id] = (name, index)
+            out.append(replace(entry, source=name))
+    return tuple(out)
+
+
+def describe_layers(paths: Sequence[str | Path] = (), *, shipped: bool = True, labels: Sequence[str] | None = None) -> str | None:
+    """Every layered file in order, one string (the report's ``expectations.file``): e.g.
+    ``conformance/expectations.toml (shipped) + ci/kvconform-expectations.toml``; None: no file."""
+    names = [_label(p) for p in paths] if labels is None else [str(n) for n in labels]
+    parts = ([f"{SHIPPED_SOURCE} (shipped)"] if shipped else []) + names
+    return " + ".join(parts) or None
 
 
 def _toml_module(source: str):
@@ -428,6 +502,9 @@ class Environment:
     vllm_version: str | None
     cases: Mapping[str, CaseFacts] = field(default_factory=dict)
     """The cases that ran, by name. Empty: unknown (every entry in force may be unused)."""
+    facts_release: str | None = None
+    """The release whose facts the run is judged by, where that is not the installed one (an
+    unreleased build judged by the newest facts): an entry in force for it is in force too."""
 
 
 @dataclass(frozen=True)
@@ -480,7 +557,8 @@ def classify(
     """
     entries = load() if expectations is None else tuple(expectations)
     environment = _environment(env)
-    active = [e for e in entries if e.applies_to(environment.vllm_version)]
+    active = [e for e in entries if e.applies_to(environment.vllm_version)
+              or (environment.facts_release is not None and e.applies_to(environment.facts_release))]
     used: set[str] = set()
     expected: list[Match] = []
     unexpected: list[Divergence] = []
@@ -516,8 +594,11 @@ __all__ = [
     "OPTION_NAMES",
     "case_facts",
     "case_options",
+    "SHIPPED_SOURCE",
     "classify",
+    "describe_layers",
     "load",
+    "load_layered",
     "loads",
     "release",
 ]

@@ -15,6 +15,16 @@ Options (also in ``pytest --help``, group "kvconform"):
   makes hypothesis load its own ``ci`` profile) changes nothing. ``gpu`` keeps only
   ``gpu``-marked tests (skipped, with a reason, where there is no GPU).
 - ``--kvconform-coverage-json FILE``: also write the coverage view as JSON.
+- ``--kvconform-expectations FILE`` (repeatable) and the ini option
+  ``kvconform_expectations`` (paths, one a line, relative to the ini file): expectations
+  files layered on the shipped one (ini files first, then the options), used wherever the
+  plugin classifies divergences (``assert_conforms``, ``check_runners_agree``); see
+  docs/expectations.md.
+- ``--kvconform-contract-only`` and the ini option ``kvconform_contract_only``: judge by the
+  contract alone whatever the installed release (``kvconform run --contract-only``). Without
+  it the installed vLLM is judged as ``kvconform run`` judges it (its release's facts; the
+  newest facts as drift on an unreleased or newer build; the contract alone where the
+  reference has no facts); the header says which.
 
 Fixtures:
 
@@ -58,9 +68,15 @@ from conformance.assertions import (  # re-exported: test modules import them fr
     check_conforms,
     check_runners_agree,
     format_failure,
+    expectations_files,
     installed,
+    layered_expectations,
     observe_case,
     reference_observation,
+    judgement_line,
+    restore_expectations,
+    use_contract_only,
+    use_expectations,
     vllm_absent,
     vllm_problem,
 )
@@ -105,6 +121,10 @@ _SETTINGS = pytest.StashKey[Settings]()
 _COVERAGE = pytest.StashKey[Coverage]()
 _RESTORE = pytest.StashKey[tuple[str | None, Any]]()
 _CASE = pytest.StashKey[list]()
+_EXPECTATIONS = pytest.StashKey[Any]()
+"""What ``use_expectations`` replaced, put back when the session ends."""
+_CONTRACT_ONLY = pytest.StashKey[bool]()
+"""What ``use_contract_only`` replaced, put back when the session ends."""
 
 
 # --- options and settings ----------------------------------------------------------------
@@ -113,6 +133,11 @@ _CASE = pytest.StashKey[list]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("kvconform_hypothesis", type="bool", default=False,
                   help="load kvconform's hypothesis profile for the whole session (kvconform's own suite)")
+    parser.addini("kvconform_expectations", type="paths", default=[],
+                  help="your own expectations files (one a line, relative to the ini file), layered after "
+                  "the shipped conformance/expectations.toml (docs/expectations.md)")
+    parser.addini("kvconform_contract_only", type="bool", default=False,
+                  help="judge the installed vLLM by the contract alone, whatever its release")
     group = parser.getgroup("kvconform", "kvconform conformance harness")
     group.addoption(
         "--kvconform-seed",
@@ -132,6 +157,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         choices=sorted(PROFILES),
         default=None,
         help="ci (default, or $KVCONFORM_PROFILE): fast; thorough: many more examples; gpu: only gpu-marked tests",
+    )
+    group.addoption(
+        "--kvconform-expectations",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an expectations file layered after the shipped one and the kvconform_expectations ini files (repeatable)",
+    )
+    group.addoption(
+        "--kvconform-contract-only",
+        action="store_true",
+        default=False,
+        help="judge the installed vLLM by the contract alone, whatever its release (kvconform run --contract-only)",
     )
     group.addoption(
         "--kvconform-coverage-json",
@@ -243,9 +281,29 @@ def pytest_configure(config: pytest.Config) -> None:
     hyp = _load_hypothesis_profile(config, s)
     config.stash[_SETTINGS] = Settings(**s.to_data(), hypothesis_profile=hyp)
     config.stash[_COVERAGE] = Coverage()
+    _use_expectations(config)
+    contract_only = config.getoption("kvconform_contract_only", False) or config.getini("kvconform_contract_only")
+    config.stash[_CONTRACT_ONLY] = use_contract_only(contract_only)
+
+
+def _use_expectations(config: pytest.Config) -> None:
+    """The ini's kvconform_expectations files, then each --kvconform-expectations, on the shipped file."""
+    paths, labels = expectations_files(config)
+    if not paths:
+        return  # the shipped file alone, read only when a test classifies
+    from conformance.expectations import ExpectationsError
+
+    try:
+        config.stash[_EXPECTATIONS] = use_expectations(paths, labels=labels)
+    except ExpectationsError as exc:
+        raise pytest.UsageError(f"kvconform: {exc}") from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _EXPECTATIONS in config.stash:
+        restore_expectations(config.stash[_EXPECTATIONS])
+    if _CONTRACT_ONLY in config.stash:
+        use_contract_only(config.stash[_CONTRACT_ONLY])
     # Leave hypothesis as found (matters for in-process runs, e.g. pytester).
     restore = config.stash.get(_RESTORE, None)
     if restore is None:
@@ -316,7 +374,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"kvconform: {_seed_text(s)}, profile {s.profile}, examples {s.sample_count} sampled / "
         f"{s.hypothesis_examples} hypothesis ({hyp}); rerun: --kvconform-seed {s.seed}",
         f"kvconform: {_version('vllm')}, {_version('torch')}, gpu {'yes (nvidia-smi)' if _has_gpu() else 'none'}",
-    ]
+    ] + ([f"kvconform: expectations {layered_expectations()[1]}"] if _EXPECTATIONS in config.stash else []) + (
+        [f"kvconform: {judged}"] if (judged := judgement_line()) else [])
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

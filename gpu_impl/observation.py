@@ -106,6 +106,12 @@ class Observation:
     """Per layer, what vLLM's own spec object for it reports: ``(real_page_size_bytes,
     page_size_bytes)``, the bytes one logical block holds and the bytes it takes with the
     padding vLLM declares; None when not observed."""
+    spec_dtypes: dict[str, str] | None = None
+    """Per attention layer, the ``dtype`` of vLLM's own spec object for it (what its views
+    must hold); None when not observed."""
+    supported_kernel_block_sizes: dict[str, tuple[int | str, ...]] | None = None
+    """Per attention layer, what its backend declares (``get_supported_kernel_block_sizes``):
+    an int is that size, ``"*N"`` any multiple of N; None when not observed."""
     storage_of: dict[str, int] | None = None
     """Per registered layer, which allocation its view lives in (0, 1, ... in order of first
     appearance): two layers with the same number share one storage; None when not observed."""

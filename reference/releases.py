@@ -333,6 +333,8 @@ class Judgement:
     """The release whose facts the reference predicts with (``"0.33.0"``); None: the contract alone."""
     generation: int | None
     """The generation of those facts (1 or 2); None for the contract alone."""
+    requested: bool = False
+    """The contract alone was asked for (``--contract-only``), whatever facts the reference has."""
 
     @property
     def drift(self) -> bool:
@@ -350,7 +352,9 @@ class Judgement:
         if self.basis == BY_NEWEST_FACTS:
             what = "unreleased" if is_unreleased(self.installed) else "newer than the reference's facts"
             return f"vLLM {self.installed} ({what}): judged by the contract and by {self.facts_release}'s facts"
-        return (f"vLLM {self.installed} (the reference has no facts for it): judged by the contract alone")
+        if self.requested:
+            return f"vLLM {self.installed}: judged by the contract alone (asked for: --contract-only)"
+        return f"vLLM {self.installed} (the reference has no facts for it): judged by the contract alone"
 
 
 def judgement_for(installed: str, *, contract_only: bool = False) -> Judgement:
@@ -360,7 +364,7 @@ def judgement_for(installed: str, *, contract_only: bool = False) -> Judgement:
     Raises ConfigError only when ``installed`` is not a version at all."""
     v = parse_version(installed)
     if contract_only:
-        return Judgement(installed, BY_CONTRACT, None, None)
+        return Judgement(installed, BY_CONTRACT, None, None, requested=True)
     unreleased = is_unreleased(installed)
     if GEN1_FIRST <= v < GEN1_END:
         return Judgement(installed, BY_NEWEST_FACTS if unreleased else BY_FACTS, format_version(v), 1)

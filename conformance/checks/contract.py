@@ -27,8 +27,16 @@ KINDS = (
          "storage's end): contract."),
     Kind("kernel_blocks",
          "a registered view has no dimension of num_blocks x (block size / kernel block size) kernel "
-         "blocks, or a layer's metadata builder was given another kernel block size than its group's "
-         "views are split into: contract."),
+         "blocks, a layer's metadata builder was given another kernel block size than its group's "
+         "views are split into, or one its backend does not declare it supports: contract."),
+    Kind("view_dtype",
+         "a registered view holds another dtype than vLLM's own spec object for that layer "
+         "declares: contract."),
+    Kind("view_order",
+         "a registered attention view's strides do not order its dimensions as the resolved layout's "
+         "name says (``LBNHC``: blocks, then tokens, then heads, then content; layers outermost): contract."),
+    Kind("pool_bytes",
+         "the pool's bytes per block times its blocks is not the bytes of its allocations: contract."),
     Kind("page_bytes",
          "one logical block of a registered view holds another number of bytes than vLLM's own spec "
          "object for that layer reports (``real_page_size_bytes``): contract."),
@@ -42,6 +50,14 @@ KINDS = (
          "a layer computes with a cache that is not a view of the storage registered for it (a "
          "connector would move other bytes than the kernels use); only observations of the "
          "runner's own ``initialize_kv_cache`` carry it: contract."),
+    Kind("kernel_table",
+         "in a request schedule run through the runner's own block tables, a row of the tables an "
+         "attention group hands its kernels is not the row's logical block ids expanded by that "
+         "group's own ratio (block size / the kernel block size its builder was given): contract."),
+    Kind("slot_address",
+         "in the same schedules, a token's slot is not its own block and offset: block id "
+         "``ids[p // B]`` of the row the runner holds for its request, offset ``p % B`` (under DCP, "
+         "the token's virtual block and local offset on its rank, PAD on the others): contract."),
     Kind("bound_view",
          "a layer computes with bytes outside the view registered for it, or with the same shape "
          "but other strides, offset or dtype (a connector and the kernels would disagree on where a "
@@ -49,6 +65,8 @@ KINDS = (
 )
 
 CONTRACT_KINDS = tuple(kind.name for kind in KINDS) + ("mrv1_mrv2_mismatch",)
+SCHEDULE_KINDS = ("kernel_table", "slot_address")
+"""The contract's kinds that only request schedules run through the runners can show."""
 """Every kind judged without the reference's facts: this family's and the runner comparison."""
 
 MAX_INTERVALS = 400_000
@@ -142,6 +160,9 @@ def judge_contract(c: Collector, case: Any, observation: Any) -> None:
             continue
         blocks[name] = dim
     _check_builders(c, case, observation, layers)
+    _check_dtypes(c, observation)
+    _check_order(c, observation, layers, blocks)
+    _check_pool(c, observation)
     _check_pages(c, observation, layers, blocks)
     _check_overlap(c, observation, layers, blocks)
     _check_allocations(c, observation, layers)
@@ -161,6 +182,10 @@ def _check_bounds(c: Collector, name: str, view: Any) -> None:
         c.cmp("view_bounds", f"{name}: last byte addressed", f"<= {nbytes} (the storage's size)", end)
 
 
+def _supports(declared: Iterable[int | str], size: int) -> bool:
+    return any(size == d if isinstance(d, int) else size % int(str(d)[1:] or 1) == 0 for d in declared)
+
+
 def _check_builders(c: Collector, case: Any, observation: Any, layers: Mapping[str, _Layer]) -> None:
     builders = getattr(observation, "builder_kernel_block_sizes", None) or {}
     sizes = observation.kernel_block_sizes or ()
@@ -170,6 +195,53 @@ def _check_builders(c: Collector, case: Any, observation: Any, layers: Mapping[s
             continue
         c.cmp("kernel_blocks", f"{name}: builder kernel block size (group {layer.group}'s views)",
               sizes[layer.group], given)
+    declared = getattr(observation, "supported_kernel_block_sizes", None) or {}
+    for name, layer in sorted(layers.items()):
+        if name in declared and layer.group < len(sizes) and not _supports(declared[name], sizes[layer.group]):
+            c.cmp("kernel_blocks", f"{name}: kernel block size (its backend declares {list(declared[name])})",
+                  "a declared size", sizes[layer.group])
+
+
+def _check_dtypes(c: Collector, observation: Any) -> None:
+    declared = getattr(observation, "spec_dtypes", None) or {}
+    for name, view in observation.registered.items():
+        if name in declared:
+            c.cmp("view_dtype", f"{name}.dtype (its spec's)", declared[name], str(view.dtype).removeprefix("torch."))
+
+
+LAYOUT_LETTERS = "BHNC"
+"""A generation-2 attention view's logical dimensions: (blocks, heads, tokens, content)."""
+
+
+def _check_order(c: Collector, observation: Any, layers: Mapping[str, _Layer], blocks: Mapping[str, int]) -> None:
+    name_of_layout = observation.layout
+    if not isinstance(name_of_layout, str) or sorted(name_of_layout.replace("L", "")) != sorted(LAYOUT_LETTERS):
+        return
+    physical = name_of_layout.replace("L", "")
+    declared = getattr(observation, "spec_dtypes", None) or {}
+    for name, dim in blocks.items():
+        view = observation.registered[name]
+        if name not in declared or len(view.shape) != 4 or dim != 0:
+            continue  # not a (B, H, N, C) attention view
+        stride = dict(zip(LAYOUT_LETTERS, view.stride))
+        size = dict(zip(LAYOUT_LETTERS, view.shape))
+        order = [letter for letter in physical if size[letter] > 1]
+        strides = [stride[letter] for letter in order]
+        c.cmp("view_order", f"{name}.stride (layout {name_of_layout}: {' > '.join(order)})",
+              sorted(strides, reverse=True), strides)
+
+
+def _check_pool(c: Collector, observation: Any) -> None:
+    if observation.bytes_per_block is None or observation.num_blocks is None or not observation.tensors:
+        return
+    storage_of = getattr(observation, "storage_of", None)
+    if storage_of:
+        sizes = {n: observation.registered[name].storage_nbytes for name, n in storage_of.items()}
+        total = sum(sizes.values())
+    else:
+        return
+    c.cmp("pool_bytes", "bytes_per_block x num_blocks (the allocations' bytes)",
+          total, observation.bytes_per_block * observation.num_blocks)
 
 
 def _subview(view: Any, dim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -280,13 +352,119 @@ def _check_bound(c: Collector, observation: Any) -> None:
                 c.cmp("bound_view", f"{name}: bound cache {k} bytes", f"within [{lo}, {hi})", f"[{v_lo}, {v_hi})")
 
 
-def contract_divergences(case: Any, runner: str, observation: Any) -> list:
-    """The contract's divergences of one observation (each with ``basis="contract"``)."""
+PAD_SLOT = -1
+"""The slot of a token no rank of this runner stores (vLLM's ``PAD_SLOT_ID``)."""
+MAX_REPORTED_PER_SCHEDULE = 6
+"""Divergences reported per schedule at most: one wrong id repeats in every later step."""
+
+
+def _expand(ids: Sequence[int], ratio: int) -> list[int]:
+    return [b * ratio + i for b in ids for i in range(ratio)]
+
+
+def _own_slot(ids: Sequence[int], position: int, block: int, dcp: Sequence[int]) -> int | None:
+    """The slot of the token at ``position`` by the rows' own ids: ``None`` when the row holds
+    no block for it. DCP ``(world, rank, interleave)``: tokens go round the ranks in runs of
+    ``interleave`` within a virtual block of ``block * world`` tokens
+    (vllm/v1/worker/block_table.py: BlockTable.compute_slot_mapping)."""
+    world, rank, interleave = (list(dcp) + [1, 0, 1])[:3] if dcp else (1, 0, 1)
+    world, interleave = max(1, int(world)), max(1, int(interleave))
+    column, offset = divmod(position, block * world)
+    if (offset // interleave) % world != rank:
+        return PAD_SLOT
+    if column >= len(ids):
+        return None
+    local = (offset // (world * interleave)) * interleave + offset % interleave
+    return ids[column] * block + local
+
+
+def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observation: Any) -> None:
+    """The schedules' tables and slots against the runner's own rows, step by step."""
+    observed = tuple(getattr(observation, "schedules", ()) or ())
+    groups = observation.groups
+    sizes = observation.kernel_block_sizes or ()  # the groups' views' kernel split
+    for scenario, got in zip(scenarios, observed):
+        if "steps" not in got or got.get("error"):
+            continue
+        before = len(c.out)
+        kinds = [g.get("kind", "attention") for g in scenario.get("groups", ())]
+        dcp = scenario.get("dcp") or (1, 0, 1)
+        world = max(1, int(dcp[0])) if dcp else 1
+        for k, (step, seen) in enumerate(zip(scenario["steps"], got["steps"])):
+            if len(c.out) - before >= MAX_REPORTED_PER_SCHEDULE:
+                break
+            where = f"schedule {scenario['name']} step {k}"
+            blocks = seen.get("blocks") or {}
+            for entry in seen.get("kernel_tables", ()):
+                g = entry["group"]
+                kernel = sizes[g] if g < len(sizes) else None
+                if g >= len(groups) or not kernel or groups[g].block_size % kernel:
+                    continue
+                ratio = groups[g].block_size // kernel
+                span = groups[g].block_size * world
+                # Attention reads row i for the i-th request of the batch (MRv1: its persistent
+                # rows, in batch order; MRv2: the rows it gathers for the batch).
+                for row, (req, positions) in enumerate(step["batch"]):
+                    ids = blocks.get(req)
+                    if ids is None or g >= len(ids) or row >= len(entry["rows"]) or not positions:
+                        continue
+                    got = list(entry["rows"][row][: len(ids[g]) * ratio])
+                    first_written = min(positions) // span
+                    wrong = [j for j, b in enumerate(ids[g])
+                             if got[j * ratio:(j + 1) * ratio] != _expand([b], ratio)
+                             # A block wholly before the step's tokens may be the null block: the
+                             # kernels never read it (a sliding window's reach).
+                             and not (j < first_written and got[j * ratio:(j + 1) * ratio] == _expand([0], ratio))]
+                    if wrong:
+                        c.cmp("kernel_table",
+                              f"{where} kernel_tables[g={g}, {entry['layers'][0]}] row {row} (request {req}) column {wrong[0]}",
+                              _expand([ids[g][wrong[0]]], ratio), got[wrong[0] * ratio:(wrong[0] + 1) * ratio])
+            for g, slots in enumerate(seen.get("slot_mappings", ())):
+                if g >= len(groups) or g >= len(kinds) or kinds[g] != "attention":
+                    continue
+                t = 0
+                for req, positions in step["batch"]:
+                    ids = (blocks.get(req) or [None] * (g + 1))[g] if g < len(blocks.get(req) or ()) else None
+                    for p in positions:
+                        if ids is None or t >= len(slots):
+                            break
+                        want = _own_slot(ids, p, groups[g].block_size, dcp)
+                        if want is None:
+                            c.cmp("slot_address", f"{where} slot_mappings[g={g}] token {t} (request {req}, position {p})",
+                                  "a block of the request's row", "no block in the row")
+                        elif slots[t] != want:
+                            c.cmp("slot_address", f"{where} slot_mappings[g={g}] token {t} (request {req}, position {p})",
+                                  want, slots[t])
+                        t += 1
+
+
+def contract_divergences(case: Any, runner: str, observation: Any, scenarios: Sequence[Mapping[str, Any]] = ()) -> list:
+    """The contract's divergences of one observation (each with ``basis="contract"``);
+    ``scenarios``: the request schedules it ran (their tokens and positions: the inputs)."""
     c = Collector(case.name if hasattr(case, "name") else str(case), runner, basis="contract")
     if getattr(observation, "unsupported", None) or getattr(observation, "error", None):
         return []
-    judge_contract(c, case, observation)
+    observed = _Observed(observation)
+    judge_contract(c, case, observed)
+    if scenarios:
+        judge_schedules(c, scenarios, observed)
     return c.out
 
 
-__all__ = ["CONTRACT_KINDS", "ITEMSIZE", "KINDS", "contract_divergences", "judge_contract"]
+class _Observed:
+    """An observation whose fields a driver did not report read as None (not observed):
+    an engine's recording, a generation-1 driver or a stand-in reports fewer fields, and
+    the contract checks what is there."""
+
+    def __init__(self, observation: Any) -> None:
+        self._observation = observation
+
+    # Collections a driver did not report read as empty, so that a check iterates nothing.
+    EMPTY = {"registered": {}, "groups": (), "tensors": ()}
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._observation, name, None)
+        return self.EMPTY.get(name) if value is None and name in self.EMPTY else value
+
+
+__all__ = ["CONTRACT_KINDS", "ITEMSIZE", "KINDS", "SCHEDULE_KINDS", "contract_divergences", "judge_contract", "judge_schedules"]

@@ -465,6 +465,8 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             num_blocks=kv_cache_config.num_blocks,
             bytes_per_block=bytes_per_block,
             page_bytes=_page_bytes(kv_cache_config),
+            spec_dtypes=_spec_dtypes(kv_cache_config),
+            supported_kernel_block_sizes=_supported_kernel_block_sizes(kv_cache_config, backends),
             tensors=tuple(
                 TensorObs(t.size, tuple(t.layers), t.layer_stride, t.block_stride, t.offset)
                 for t in kv_cache_config.kv_cache_tensors
@@ -650,6 +652,37 @@ def _storage_numbers(registered) -> dict[str, int]:
     """Per layer, which storage its registered view lives in (numbered by first appearance)."""
     numbers: dict[int, int] = {}
     return {name: numbers.setdefault(t.untyped_storage()._cdata, len(numbers)) for name, t in registered.items()}
+
+
+def _layer_specs(kv_cache_config):
+    """``(layer name, its own spec)`` for every layer of every group."""
+    for group in kv_cache_config.kv_cache_groups:
+        per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        for name in group.layer_names:
+            yield name, (per_layer.get(name, group.kv_cache_spec) if isinstance(per_layer, dict) else group.kv_cache_spec)
+
+
+def _spec_dtypes(kv_cache_config) -> dict[str, str]:
+    """Per attention layer, its spec's dtype (Mamba specs hold a tuple of state dtypes: left out)."""
+    import torch
+
+    return {name: _dtype_name(spec.dtype) for name, spec in _layer_specs(kv_cache_config)
+            if isinstance(getattr(spec, "dtype", None), torch.dtype)}
+
+
+def _supported_kernel_block_sizes(kv_cache_config, backends) -> dict[str, tuple[int | str, ...]]:
+    """Per attention layer, the kernel block sizes its backend declares for its spec."""
+    out: dict[str, tuple[int | str, ...]] = {}
+    for name, spec in _layer_specs(kv_cache_config):
+        backend = backends.get(name)
+        if backend is None or not hasattr(spec, "dtype"):
+            continue
+        try:
+            declared = backend.get_supported_kernel_block_sizes(spec)
+        except TypeError:  # releases whose method takes no spec
+            declared = backend.get_supported_kernel_block_sizes()
+        out[name] = tuple(s if isinstance(s, int) else f"*{getattr(s, 'base', 1)}" for s in declared)
+    return out
 
 
 def _page_bytes(kv_cache_config) -> dict[str, tuple[int, int]]:

@@ -200,7 +200,11 @@ def test_assert_conforms_failure_message(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
-            "E*AssertionError: case flashinfer-b128-k64 [[]mrv1[]] does not conform to the reference: 2 divergences",
+            "E*AssertionError: case flashinfer-b128-k64 [[]mrv1[]] does not conform to the contract and the "
+            "reference's facts: 4 divergences",
+            # One more block and the views no longer count num_blocks x 2 kernel blocks: the contract.
+            "E*  kernel_blocks: *a dimension of 10 kernel blocks: observed (*) vs expected 10 [[]contract[]]",
+            "E*  kernel_blocks: *",
             "E*  layout: layout: observed '*' vs expected '*'",
             "E*  num_blocks: num_blocks: observed * vs expected *",
             "E*seed: 5 (profile ci)",
@@ -368,3 +372,174 @@ def test_a_failing_assert_conforms_shows_the_diff_not_the_plugin(pytester: pytes
     text = result.stdout.str()
     assert "startup_error: error reason" in text and "replay:" in text
     assert "def check_conforms" not in text and "def _assert" not in text  # __tracebackhide__
+
+
+LAYOUT_MOVED_BETWEEN_RUNNERS = """
+from conformance.pytest_plugin import check_runners_agree, reference_observation
+from suites.named_cases import get_case
+
+def test_runners_agree():
+    case = get_case("flashinfer-b128-k64")
+    moved = reference_observation(case, "mrv2")
+    moved.layout = "BHLNC"
+    expected = check_runners_agree(case, reference_observation(case, "mrv1"), moved)
+    print("absorbed by", [(m.expectation.id, m.expectation.source) for m in expected])
+"""
+
+MY_ENTRY = """schema = 1
+
+[[expectation]]
+id = "{id}"
+kind = "mrv1_mrv2_mismatch"
+case = "flashinfer-b128-k64"
+field = "layout"
+reason = "my-vllm-fork PR #123 moves MRv2's FlashInfer cache to BHLNC on purpose"
+"""
+
+
+def test_expectations_ini_option_layers_a_consumer_file(pytester: pytest.Pytester) -> None:
+    import conformance.assertions as assertions
+
+    pytester.makepyfile(LAYOUT_MOVED_BETWEEN_RUNNERS)
+    # Without a consumer file the shipped expectations do not know this difference.
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["E*case flashinfer-b128-k64: MRv1 and MRv2 differ beyond conformance/expectations.toml",
+                                 "E*layout: MRv1 'LBNHC' vs MRv2 'BHLNC'"])
+    (pytester.path / "ci").mkdir()
+    (pytester.path / "ci" / "kvconform-expectations.toml").write_text(MY_ENTRY.format(id="my-layout-move"))
+    pytester.makeini("[pytest]\nkvconform_expectations =\n    ci/kvconform-expectations.toml\n")
+    result = pytester.runpytest("-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "kvconform: expectations conformance/expectations.toml (shipped) + ci/kvconform-expectations.toml",
+        "*absorbed by [[]('my-layout-move', 'ci/kvconform-expectations.toml')[]]",
+    ])
+    # The session's files are put back when it ends (pytester sessions run in this process).
+    assert assertions._LAYERED[0] is None
+
+
+def test_expectations_option_is_repeatable_and_a_bad_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(LAYOUT_MOVED_BETWEEN_RUNNERS)
+    (pytester.path / "ini.toml").write_text("schema = 1\n")
+    (pytester.path / "mine.toml").write_text(MY_ENTRY.format(id="from-the-option"))
+    pytester.makeini("[pytest]\nkvconform_expectations = ini.toml\n")
+    result = pytester.runpytest("-s", "--kvconform-expectations", "mine.toml")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([
+        "kvconform: expectations conformance/expectations.toml (shipped) + ini.toml + mine.toml",
+        "*absorbed by [[]('from-the-option', 'mine.toml')[]]",
+    ])
+    # The same id in two layered files: one line naming both.
+    (pytester.path / "ini.toml").write_text(MY_ENTRY.format(id="from-the-option"))
+    result = pytester.runpytest("--kvconform-expectations", "mine.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*kvconform: mine.toml: expectation 1: id 'from-the-option' is already used by expectation 1 of ini.toml*"])
+    result = pytester.runpytest("--kvconform-expectations", "missing.toml")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "expectations file" in result.stderr.str() and "missing.toml' does not exist" in result.stderr.str()
+    assert "--kvconform-expectations" in pytester.runpytest("--help").stdout.str()
+
+
+# --- what the installed vLLM is judged by ------------------------------------------------
+
+JUDGED = """
+from conformance.pytest_plugin import reference_observation
+from suites.named_cases import get_case
+
+def test_layout_moved(assert_conforms):
+    case = get_case("flashinfer-b128-k64")
+    obs = reference_observation(case)
+    obs.layout = "BHLNC"          # a fact of the release, not something every vLLM must do
+    assert_conforms(case, obs)
+
+def test_one_block_more(assert_conforms):
+    case = get_case("flashinfer-b128-k64")
+    obs = reference_observation(case)
+    obs.num_blocks += 1           # the views no longer hold num_blocks x 2 kernel blocks: the contract
+    assert_conforms(case, obs)
+
+def test_refused(assert_conforms):
+    assert_conforms("flashinfer-b128-k64-lhbnc", reference_observation)
+"""
+
+UNRELEASED = "0.34.0.dev12+g1a2b3c4"
+
+
+def _installed(monkeypatch: pytest.MonkeyPatch, version: str | None) -> None:
+    """The plugin reads the installed vLLM's version through conformance.judgement."""
+    import conformance.judgement as judgement
+
+    monkeypatch.setattr(judgement, "installed_vllm_version", lambda: version)
+
+
+def test_an_unreleased_build_is_judged_by_the_contract_and_the_newest_facts_as_drift(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reference.releases import TARGET_RELEASE
+
+    _installed(monkeypatch, UNRELEASED)
+    pytester.makepyfile(JUDGED)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=2)
+    judged = f"vLLM {UNRELEASED} (unreleased): judged by the contract and by {TARGET_RELEASE}'s facts"
+    result.stdout.fnmatch_lines([
+        f"kvconform: {judged}",
+        "E*case flashinfer-b128-k64 [[]mrv1[]] does not conform to the reference's facts (drift): 1 divergence",
+        "E*  layout: layout: observed 'BHLNC' vs expected 'LBNHC' [[]drift[]]",
+        f"E*judged: {judged}",
+    ])
+    result.stdout.fnmatch_lines(["E*does not conform to the contract and the reference's facts (drift): 3 divergences"])
+
+
+def test_contract_only_judges_what_every_vllm_must_do(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    import conformance.assertions as assertions
+
+    _installed(monkeypatch, UNRELEASED)
+    pytester.makepyfile(JUDGED)
+    result = pytester.runpytest("-rs", "--kvconform-contract-only")
+    # The moved layout is a release's fact: no longer judged. The missing block still fails;
+    # a refusal nothing predicts is skipped with its reason, never passed.
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    result.stdout.fnmatch_lines([
+        f"kvconform: vLLM {UNRELEASED}: judged by the contract alone (asked for: --contract-only)",
+        "E*case flashinfer-b128-k64 [[]mrv1[]] does not conform to the contract: 2 divergences",
+        "SKIPPED*flashinfer-b128-k64-lhbnc [[]mrv1[]]: vLLM refuses it and, judged by the contract alone*",
+    ])
+    assert "test_layout_moved PASSED" in pytester.runpytest("-v", "--kvconform-contract-only").stdout.str()
+    pytester.makeini("[pytest]\nkvconform_contract_only = true\n")
+    pytester.runpytest().assert_outcomes(passed=1, failed=1, skipped=1)
+    assert assertions._CONTRACT_ONLY[0] is False  # put back when the session ends
+    assert "--kvconform-contract-only" in pytester.runpytest("--help").stdout.str()
+
+
+def test_a_release_without_facts_is_judged_by_the_contract_alone(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    _installed(monkeypatch, "0.30.0")
+    pytester.makepyfile(JUDGED)
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1, skipped=1)
+    result.stdout.fnmatch_lines(["kvconform: vLLM 0.30.0 (the reference has no facts for it): judged by the contract alone"])
+
+
+DRIFT_ACKNOWLEDGED = """
+schema = 1
+
+[[expectation]]
+id = "our-pr-moves-the-layout"
+kind = "layout"
+case = "flashinfer-b128-k64"
+field = "layout"
+reason = "vllm-project/vllm#99999 moves FlashInfer's cache to BHLNC on purpose"
+"""
+
+
+def test_drift_an_expectations_file_acknowledges_does_not_fail(
+        pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    _installed(monkeypatch, UNRELEASED)
+    pytester.makepyfile(JUDGED)
+    (pytester.path / "ours.toml").write_text(DRIFT_ACKNOWLEDGED)
+    result = pytester.runpytest("--kvconform-expectations", "ours.toml", "-v")
+    result.assert_outcomes(passed=2, failed=1)
+    assert "test_layout_moved PASSED" in result.stdout.str()
+    # The contract's divergences are not the layout: the acknowledgement does not cover them.
+    result.stdout.fnmatch_lines(["E*does not conform to the contract and the reference's facts (drift): 3 divergences"])

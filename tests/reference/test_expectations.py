@@ -334,7 +334,9 @@ def test_reference_against_itself_is_clean_and_kinds_are_named() -> None:
     draft = "draft.layers.2.attn"
     builders = dict(_stand_in(case.name).builder_kernel_block_sizes) | {draft: 128}
     result = compare(case, "mrv1", _stand_in(case.name, builder_kernel_block_sizes=builders, layout="LBHNC"))
-    assert kinds_of(result.divergences) == {"draft_kernel_block_size", "layout"}
+    # The facts name the draft's builder; the contract sees the same builder off its views.
+    assert kinds_of(result.divergences) == {"draft_kernel_block_size", "layout", "kernel_blocks"}
+    assert {d.kind for d in result.divergences if d.basis == "contract"} == {"kernel_blocks"}
     message = next(d for d in result.divergences if d.kind == "draft_kernel_block_size").message
     assert message == (
         "mla-gqa-draft-b128-k64 [mrv1] draft_kernel_block_size: draft_kernel_block_sizes is "
@@ -386,3 +388,77 @@ def test_options_scope_an_entry_to_cases_setting_engine_options() -> None:
 def test_malformed_options_give_one_line(line: str, message: str) -> None:
     with pytest.raises(ExpectationsError, match=re.escape(message)):
         loads(f'[[expectation]]\nid = "e"\nkind = "layout"\nreason = "vllm/x.py"\n{line}\n')
+
+
+# --- layering: the shipped file, then a consumer's own files ---------------------------------------
+
+
+def _write(path: Path, *entries: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("schema = 1\n\n" + "\n".join(entries))
+    return path
+
+
+def test_layered_files_come_after_the_shipped_one_in_order_and_record_their_source(tmp_path: Path) -> None:
+    from conformance.expectations import SHIPPED_SOURCE, describe_layers, load_layered
+
+    first = _write(tmp_path / "ci" / "first.toml", _entry(id='"mine-a"', kind='"kernel_block_size"'))
+    second = _write(tmp_path / "second.toml", _entry(id='"mine-b"', kind='"kernel_block_size"'),
+                    _entry(id='"mine-c"', kind='"layout"'))
+    shipped = load()
+    entries = load_layered([first, second])
+    assert [e.id for e in entries] == [e.id for e in shipped] + ["mine-a", "mine-b", "mine-c"]
+    assert {e.source for e in entries[: len(shipped)]} == {SHIPPED_SOURCE}
+    assert [e.source for e in entries[len(shipped):]] == [str(first), str(second), str(second)]
+    # The order given is the order classified in.
+    assert [e.id for e in load_layered([second, first])][len(shipped):] == ["mine-b", "mine-c", "mine-a"]
+    assert describe_layers([first, second]) == f"{SHIPPED_SOURCE} (shipped) + {first} + {second}"
+    # Labels name the files for messages; the source is not part of an entry's identity.
+    (labelled,) = load_layered([first], shipped=False, labels=["ci/first.toml"])
+    assert labelled.source == "ci/first.toml" and labelled == Expectation("mine-a", "kernel_block_size", "vllm/x.py")
+    assert loads(_entry(), source="x.toml")[0].source == "x.toml" and Expectation("i", "layout", "r").source == ""
+
+
+def test_no_shipped_keeps_only_the_given_files(tmp_path: Path) -> None:
+    from conformance.expectations import describe_layers, load_layered
+
+    mine = _write(tmp_path / "mine.toml", _entry(id='"mine-a"'))
+    assert [e.id for e in load_layered([mine], shipped=False)] == ["mine-a"]
+    assert load_layered([], shipped=False) == () and describe_layers([], shipped=False) is None
+    assert describe_layers([mine], shipped=False) == str(mine)
+
+
+def test_first_match_wins_so_a_consumer_entry_cannot_override_a_shipped_one(tmp_path: Path) -> None:
+    from conformance.expectations import load_layered
+
+    shipped_like = _write(tmp_path / "a.toml", _entry(id='"theirs"', kind='"kernel_block_size"'))
+    mine = _write(tmp_path / "b.toml", _entry(id='"mine"', kind='"kernel_block_size"', case='"flashinfer-*"'))
+    entries = load_layered([shipped_like, mine], shipped=False)
+    verdict = classify([_div()], Environment("0.33.0"), entries)
+    assert [m.expectation.id for m in verdict.expected] == ["theirs"]
+    assert [(e.id, e.source) for e in verdict.unused] == [("mine", str(mine))]
+
+
+def test_duplicate_id_across_files_is_one_line_naming_both_files(tmp_path: Path) -> None:
+    from conformance.expectations import SHIPPED_SOURCE, load_layered
+
+    a = _write(tmp_path / "a.toml", _entry(id='"same"'))
+    b = _write(tmp_path / "b.toml", _entry(id='"other"'), _entry(id='"same"'))
+    with pytest.raises(ExpectationsError) as info:
+        load_layered([a, b], shipped=False)
+    text = str(info.value)
+    assert "\n" not in text and str(a) in text and str(b) in text
+    assert text.startswith(f"{b}: expectation 2: id 'same' is already used by expectation 1 of {a}")
+    # A shipped id reused in a consumer file names the shipped file (and the way out).
+    taken = load()[0].id
+    c = _write(tmp_path / "c.toml", _entry(id=f'"{taken}"'))
+    with pytest.raises(ExpectationsError, match=rf"of {re.escape(SHIPPED_SOURCE)}; .*--no-shipped-expectations"):
+        load_layered([c])
+    assert [e.id for e in load_layered([c], shipped=False)] == [taken]
+    # The same file twice, or the shipped file given again.
+    with pytest.raises(ExpectationsError, match="is layered twice"):
+        load_layered([a, a], shipped=False)
+    with pytest.raises(ExpectationsError, match="is layered twice"):
+        load_layered([DEFAULT_PATH])
+    with pytest.raises(ExpectationsError, match="does not exist"):
+        load_layered([tmp_path / "missing.toml"])

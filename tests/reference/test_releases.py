@@ -13,6 +13,9 @@ from reference import backends
 from reference.config import CaseConfig, uniform_layers
 from reference.errors import ConfigError, NotModeledError
 from reference.releases import (
+    BY_CONTRACT,
+    BY_FACTS,
+    BY_NEWEST_FACTS,
     GEN1_KERNEL_BLOCK_SIZES,
     GEN1_LAYOUT_OVERRIDES,
     GEN2_DIFFERENCES,
@@ -24,6 +27,8 @@ from reference.releases import (
     check_gen2_version,
     fact_at,
     holds,
+    is_unreleased,
+    judgement_for,
     parse_version,
 )
 
@@ -116,3 +121,61 @@ def test_pyproject_allows_up_to_the_target_releases_next_minor() -> None:
     (lower, upper) = re.findall(r'"vllm>=([\d.]+),<([\d.]+)"', pyproject)[0]
     assert upper == _next_minor(TARGET_RELEASE)
     check_gen1_version(lower)  # the oldest release the range admits is one the reference models
+
+
+# --- what a run is judged by -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("installed", "basis", "facts"),
+    [
+        (TARGET_RELEASE, BY_FACTS, TARGET_RELEASE),
+        ("0.32.0", BY_FACTS, "0.32.0"),
+        ("0.32.0+cpu", BY_FACTS, "0.32.0"),  # a platform build of a release is that release
+        ("0.33.0+cu128", BY_FACTS, "0.33.0"),
+        ("0.34.0.dev12+g1a2b3c4", BY_NEWEST_FACTS, TARGET_RELEASE),  # vLLM's CI
+        ("0.33.0+g9f8e7d6", BY_NEWEST_FACTS, "0.33.0"),  # a source build at a release's tag or after it
+        ("0.33.1rc1", BY_NEWEST_FACTS, "0.33.1"),
+        ("0.35.0", BY_NEWEST_FACTS, TARGET_RELEASE),  # a release after the newest facts
+        ("0.30.0", BY_CONTRACT, None),
+        ("0.29.1", BY_CONTRACT, None),
+        ("0.31.0", BY_CONTRACT, None),
+        ("0.18.0", BY_CONTRACT, None),
+        ("0.21.0", BY_FACTS, "0.21.0"),
+        ("0.28.1.dev3", BY_NEWEST_FACTS, "0.28.1"),
+    ],
+)
+def test_every_vllm_is_judged_never_refused_for_lack_of_facts(installed: str, basis: str, facts: str | None) -> None:
+    judgement = judgement_for(installed)
+    assert (judgement.basis, judgement.facts_release) == (basis, facts)
+    assert judgement.describe().startswith(f"vLLM {installed}")
+    assert ("contract" in judgement.describe()) and (facts is None or f"{facts}'s facts" in judgement.describe())
+
+
+def test_the_header_for_vllms_ci_says_unreleased_and_which_facts() -> None:
+    assert judgement_for("0.34.0.dev12+g1a2b3c4").describe() == (
+        f"vLLM 0.34.0.dev12+g1a2b3c4 (unreleased): judged by the contract and by {TARGET_RELEASE}'s facts")
+    assert judgement_for("0.30.0").describe() == (
+        "vLLM 0.30.0 (the reference has no facts for it): judged by the contract alone")
+
+
+def test_contract_only_is_asked_for() -> None:
+    judgement = judgement_for(TARGET_RELEASE, contract_only=True)
+    assert judgement.contract_only and judgement.facts_release is None
+    # The header must not claim the reference lacks facts for a release it has them for.
+    assert judgement.describe() == f"vLLM {TARGET_RELEASE}: judged by the contract alone (asked for: --contract-only)"
+
+
+@pytest.mark.parametrize("text", ["0.34.0.dev12+g1a2b3c4", "0.33.1rc1", "0.33.0+g9f8e7d", "0.34.0a1", "0.34.0.dev0"])
+def test_unreleased_builds_are_recognised(text: str) -> None:
+    assert is_unreleased(text)
+
+
+@pytest.mark.parametrize("text", ["0.33.0", "0.32.0+cpu", "0.33.0+cu128", "0.33.0+rocm6.4", "0.33.0+gfx942"])
+def test_releases_and_platform_builds_are_not_unreleased(text: str) -> None:
+    assert not is_unreleased(text)
+
+
+def test_a_version_that_is_no_version_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="'main'"):
+        judgement_for("main")

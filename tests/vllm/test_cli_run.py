@@ -24,7 +24,9 @@ def test_run_reports_conformance_as_json() -> None:
     report = json.loads(out.stdout)
     assert report["schema"] == "kvconform.report/1"
     assert report["environment"]["vllm"] == "0.33.0"
-    assert report["counts"] == {"pass": 4}
+    # MRv2's speculator gives the draft's builder 128 while its views count 64-token kernel
+    # blocks: the contract sees it (known: mrv2-speculator-draft-builder-off-the-views).
+    assert report["counts"] == {"pass": 3, "expected": 1}
     assert [r["case"] for r in report["results"]] == ["flashinfer-b128-k64", "mla-gqa-draft-b128-k64"]
     plain, draft = report["results"]
     assert plain["mrv1_mrv2_mismatches"] == []
@@ -33,7 +35,13 @@ def test_run_reports_conformance_as_json() -> None:
         ("draft_builder_kernel_block_sizes", "mrv2-speculator-draft-kernel-block")
     }
     assert all(r["runners"][runner]["fidelity"] == "runner" for r in report["results"] for runner in ("mrv1", "mrv2"))
-    assert report["expectations"]["absorbed"] == {"mrv2-speculator-draft-kernel-block": 1}
+    absorbed = report["expectations"]["absorbed"]
+    assert absorbed["mrv2-speculator-draft-kernel-block"] == 1 and absorbed["mrv2-speculator-draft-builder-off-the-views"] == 1
+    assert set(absorbed) == {"mrv2-speculator-draft-kernel-block", "mrv2-speculator-draft-builder-off-the-views",
+                             "mrv2-speculator-draft-table-unexpanded"}
+    draft_mrv2 = draft["runners"]["mrv2"]
+    assert draft_mrv2["status"] == "expected"
+    assert {d["basis"] for d in draft_mrv2["divergences"]} == {"contract"}
 
 
 def test_run_flags_a_divergent_case_with_replay(tmp_path: Path) -> None:
@@ -48,15 +56,15 @@ def test_run_flags_a_divergent_case_with_replay(tmp_path: Path) -> None:
 
 def test_run_classifies_with_expectations(tmp_path: Path) -> None:
     """A known MRv1/MRv2 difference passes with the expectations and fails without; an
-    entry that matched nothing is reported as unused without failing the run."""
-    from conformance.expectations import DEFAULT_PATH
+    entry of a consumer's file (layered on the shipped one) that matched nothing is
+    reported as unused, with its file, without failing the run."""
     from vllm_cases import CASES
 
     case = next(c for c in CASES if c.name == "gqa+draft-attention-backend-bs128")
     case_file = tmp_path / "case.json"
     case_file.write_text(case.to_json())
     expectations = tmp_path / "expectations.toml"
-    expectations.write_text(DEFAULT_PATH.read_text() + '\n[[expectation]]\nid = "stale"\nkind = "layout"\nreason = "r"\n')
+    expectations.write_text('schema = 1\n\n[[expectation]]\nid = "stale"\nkind = "layout"\nreason = "r"\n')
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -64,13 +72,20 @@ def test_run_classifies_with_expectations(tmp_path: Path) -> None:
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )
 
-    out = run("--expectations", str(expectations), "--json", "-")
+    target = tmp_path / "report.json"
+    out = run("--expectations", str(expectations), "--json", str(target))
     assert out.returncode == 0, out.stderr[-2000:]
-    report = json.loads(out.stdout)
+    report = json.loads(target.read_text())
     mismatches = report["results"][0]["mrv1_mrv2_mismatches"]
     assert mismatches and {m["expected_by"] for m in mismatches} == {"mrv2-draft-keeps-attention-backend"}
     assert report["expectations"]["unexpected"] == 0 and "stale" in report["expectations"]["unused"]
     assert "mrv2-draft-keeps-attention-backend" not in report["expectations"]["unused"]
+    assert report["expectations"]["file"] == f"conformance/expectations.toml (shipped) + {expectations}"
+    assert f"kvconform: unused expectation stale (kind=layout, case=*) from {expectations}: matched nothing" in out.stdout
+
+    # Only the consumer's file: the shipped entry that knew the difference is gone.
+    out = run("--no-shipped-expectations", "--expectations", str(expectations))
+    assert out.returncode == 1 and "MRv1/MRv2 MISMATCH" in out.stdout
 
     out = run("--no-expectations")
     assert out.returncode == 1 and "MRv1/MRv2 MISMATCH" in out.stdout

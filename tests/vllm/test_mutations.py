@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import pytest
 
-from conformance.diff import KINDS, Comparison, compare, compare_runners, kinds_of
+from conformance.diff import KINDS, SCHEDULE_ONLY_KINDS, Comparison, compare, compare_runners, kinds_of
 from conformance.expectations import RUN_KINDS, Environment, case_facts, classify, load
 from gpu_impl.vllm_cpu.planning import observe
 from reference.backends import VLLM_VERSION
@@ -114,6 +114,39 @@ def _views_as_float16(original: Callable) -> Callable:
         return [v.view(torch.float16) if v.dtype == torch.bfloat16 else v for v in views]
 
     return create_kv_cache_views
+
+
+def _views_half_content(original: Callable) -> Callable:
+    """``create_kv_cache_views`` whose views keep only the first half of each token's content
+    (a head size taken from the wrong spec): the pages hold more than the views show."""
+
+    def create_kv_cache_views(*args, **kwargs):
+        out = []
+        for v in original(*args, **kwargs):
+            shape = (*v.shape[:-1], max(1, v.shape[-1] // 2))
+            out.append(v.as_strided(shape, v.stride(), v.storage_offset()))
+        return out
+
+    return create_kv_cache_views
+
+
+def _bound_to_transposed_views(original: Callable) -> Callable:
+    """``map_kv_caches_to_kernel_blocks`` binding each layer to its cache with heads and tokens
+    swapped in the strides: the same bytes and shape, another token at each index."""
+
+    def map_kv_caches_to_kernel_blocks(kv_caches, attn_groups):
+        out = {}
+        for name, cache in original(kv_caches, attn_groups).items():
+            if cache.dim() == 4 and cache.shape[1] == cache.shape[2] == 1:
+                out[name] = cache
+                continue
+            stride = list(cache.stride())
+            if cache.dim() == 4:
+                stride[1], stride[2] = stride[2], stride[1]
+            out[name] = cache.as_strided(cache.shape, stride, cache.storage_offset())
+        return out
+
+    return map_kv_caches_to_kernel_blocks
 
 
 def _pool_bytes_summed_over_groups(original: Callable) -> Callable:
@@ -275,8 +308,11 @@ class Mutation:
     variant: Callable[[Callable], Callable]
     intended: str
     kinds: frozenset[str]
-    """Exactly what ``compare`` reports: the intended kind and its inherent consequences."""
+    """Exactly what ``compare`` reports by the facts: the intended kind and its inherent consequences."""
     runner: str = "mrv1"
+    contract: frozenset[str] = frozenset()
+    """Exactly what the contract alone reports (``compare(..., basis="contract")``): what a
+    vLLM the reference has no facts for would still be caught by."""
 
 
 MUTATIONS = (
@@ -286,6 +322,7 @@ MUTATIONS = (
         # The builders (the drafter's too) get the manager size, and the views keep
         # 128-token blocks: (4, 1, 128, 576) instead of (8, 1, 64, 576).
         frozenset({"kernel_block_size", "builder_kernel_block_size", "draft_kernel_block_size", "registered_shape"}),
+        contract=frozenset({"kernel_blocks"}),
     ),
     Mutation(
         "no-kernel-split-flashinfer", "flashinfer-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
@@ -296,30 +333,36 @@ MUTATIONS = (
     Mutation(
         "strides-h-n-swapped", "dense-fa-b128-lbnhc", "vllm.v1.kv_cache_interface", "compute_layout_strides",
         _strides_with_h_and_n_swapped, "registered_stride", frozenset({"registered_stride"}),
+        contract=frozenset({"view_order"}),
     ),
     Mutation(
         "view-offset-off-by-one", "dense-fa-b128-lbnhc", "vllm.v1.worker.utils", "create_kv_cache_views",
         _views_off_by_one, "registered_offset", frozenset({"registered_offset"}),
+        contract=frozenset({"view_bounds"}),
     ),
     Mutation(
         "view-dtype-float16", "dense-fa-b128-lbnhc", "vllm.v1.worker.utils", "create_kv_cache_views",
         _views_as_float16, "registered_dtype", frozenset({"registered_dtype"}),
+        contract=frozenset({"view_dtype"}),
     ),
     Mutation(
         "pool-bytes-summed", "swa-hybrid-padded", "vllm.v1.core.kv_cache_planning", "_pool_bytes_per_block",
         _pool_bytes_summed_over_groups, "bytes_per_block", frozenset({"bytes_per_block"}),
+        contract=frozenset({"pool_bytes"}),
     ),
     Mutation(
         "layer-outer-offset-by-page", "mla-gqa-draft-b128-k64", "vllm.v1.core.kv_cache_planning",
         "get_kv_cache_config_from_groups", _layer_outer_offsets_by_page, "tensor_placement",
         # The draft tensor moves, so its registered view starts elsewhere.
         frozenset({"tensor_placement", "registered_offset"}),
+        contract=frozenset({"block_overlap"}),
     ),
     Mutation(
         "backing-one-block-larger", "flashinfer-b16", "vllm.v1.core.kv_cache_planning",
         "get_kv_cache_config_from_groups", _backing_one_block_larger, "tensor_placement",
         # Every view lives in the larger allocation.
         frozenset({"tensor_placement", "registered_storage"}),
+        contract=frozenset({"allocation_size", "pool_bytes"}),
     ),
     Mutation(
         "override-minus-one", "flashinfer-b16", "vllm.v1.core.kv_cache_planning", "may_override_num_blocks",
@@ -349,20 +392,34 @@ MUTATIONS = (
         # GPUModelRunner imports allocate_kv_cache by name: that binding is MRv1's.
         "drafts-not-registered", "mla-gqa-draft-b128-k64", "vllm.v1.worker.gpu_model_runner", "allocate_kv_cache",
         _drafts_not_allocated, "registered_names", frozenset({"registered_names"}),
+        contract=frozenset({"allocation_size"}),
     ),
     Mutation(
         "layers-bound-to-copies", "flashinfer-b128-k64", "vllm.v1.worker.gpu_model_runner",
-        "map_kv_caches_to_kernel_blocks", _bound_to_copies, "bound_storage", frozenset({"bound_storage"}),
+        "map_kv_caches_to_kernel_blocks", _bound_to_copies, "bound_storage", frozenset(),
+        contract=frozenset({"bound_storage"}),
     ),
     Mutation(
         "builder-ignores-split", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
         _builder_ignores_kernel_size(drafts_only=False), "builder_kernel_block_size",
         frozenset({"builder_kernel_block_size", "draft_kernel_block_size"}),
+        contract=frozenset({"kernel_blocks"}),
     ),
     Mutation(
         "drafter-ignores-split", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
         _builder_ignores_kernel_size(drafts_only=True), "draft_kernel_block_size",
         frozenset({"draft_kernel_block_size"}),
+        contract=frozenset({"kernel_blocks"}),
+    ),
+    Mutation(
+        "views-half-content", "dense-fa-b128-lbnhc", "vllm.v1.worker.utils", "create_kv_cache_views",
+        _views_half_content, "registered_shape", frozenset({"registered_shape"}),
+        contract=frozenset({"page_bytes"}),
+    ),
+    Mutation(
+        "layers-bound-to-transposed-views", "flashinfer-b128-k64", "vllm.v1.worker.gpu_model_runner",
+        "map_kv_caches_to_kernel_blocks", _bound_to_transposed_views, "bound_view", frozenset(),
+        contract=frozenset({"bound_view"}),
     ),
     Mutation(
         "scheduler-largest-block", "swa-hybrid-scaled", "vllm.v1.core.kv_cache_utils", "generate_scheduler_kv_cache_config",
@@ -396,12 +453,55 @@ def test_mutation_is_caught(mutation: Mutation, monkeypatch: pytest.MonkeyPatch)
     assert getattr(module, mutation.attr) is original
     found = kinds_of(mutated.divergences)
     assert mutation.intended in found, f"{mutation.id}: {mutation.intended} not reported\n" + _explain(mutated)
-    assert found == mutation.kinds, (
-        f"{mutation.id}: expected exactly {sorted(mutation.kinds)}, got {sorted(found)}\n" + _explain(mutated)
+    assert found == mutation.kinds | mutation.contract, (
+        f"{mutation.id}: expected exactly {sorted(mutation.kinds | mutation.contract)}, got {sorted(found)}\n" + _explain(mutated)
     )
     assert all(d.case == case.name and d.runner == runner and "\n" not in d.message for d in mutated.divergences)
     again = _compare(case, runner)
     assert again.status == "pass", "the restored vLLM must compare clean again:\n" + _explain(again)
+
+
+def _mutated_observation(mutation: Mutation, monkeypatch: pytest.MonkeyPatch) -> Any:
+    module = importlib.import_module(mutation.module)
+    original = getattr(module, mutation.attr)
+    monkeypatch.setattr(module, mutation.attr, mutation.variant(original))
+    try:
+        return observe(_case(mutation.case), mutation.runner)
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
+def test_what_the_contract_alone_catches(mutation: Mutation, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same mutations judged with no release facts at all (``--contract-only``): each
+    reports exactly its documented contract kinds, so the contract's reach is a tested figure."""
+    case = _case(mutation.case)
+    clean = compare(case, mutation.runner, observe(case, mutation.runner), basis="contract")
+    assert clean.status in ("pass", "refused") and not clean.divergences, _explain(clean)
+    judged = compare(case, mutation.runner, _mutated_observation(mutation, monkeypatch), basis="contract")
+    assert kinds_of(judged.divergences) == mutation.contract, _explain(judged)
+    assert all(d.basis == "contract" for d in judged.divergences)
+    if mutation.contract:
+        assert judged.status == "fail"
+    else:
+        assert judged.status in ("pass", "refused"), _explain(judged)
+
+
+@pytest.mark.parametrize("mutation", MUTATIONS, ids=lambda m: m.id)
+def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Judged as an unreleased build (the newest facts, their divergences drift): every
+    mutation is caught, each divergence a contract or a drift one."""
+    judged = compare(_case(mutation.case), mutation.runner, _mutated_observation(mutation, monkeypatch), basis="drift")
+    assert judged.status == "fail" and judged.divergences, _explain(judged)
+    assert {d.basis for d in judged.divergences} <= {"contract", "drift"}
+    assert {d.kind for d in judged.divergences if d.basis == "contract"} == mutation.contract
+    assert any(d.message.endswith("(drift)") for d in judged.divergences if d.basis == "drift") or not mutation.kinds
+
+
+def test_the_contract_catches_most_mutations() -> None:
+    """The figure the README states: mutations caught by the contract alone."""
+    caught = [m.id for m in MUTATIONS if m.contract]
+    assert len(caught) == 13 and len(MUTATIONS) == 21, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
@@ -535,11 +635,12 @@ def test_connector_block_size_from_views(axis: int, kinds: set[str]) -> None:
 def test_every_kind_has_a_mutation() -> None:
     """Each kind is reported by some mutation test (intended, or as a consequence)."""
     from conformance.diff import ENGINE_ONLY_KINDS
+    from test_contract_vs_vllm import CONTRACT_SCHEDULE_MUTATION_KINDS  # the contract's schedule mutations
     from test_runner_schedules import SCHEDULE_MUTATION_KINDS  # the block-table meta-tests
 
-    covered = set().union(*(m.kinds for m in MUTATIONS)) | {"mrv1_mrv2_mismatch", "connector_kernel_block_size"}
+    covered = set().union(*(m.kinds | m.contract for m in MUTATIONS)) | {"mrv1_mrv2_mismatch", "connector_kernel_block_size"}
     covered |= {"connector_copy_plan"}  # a connector's planning: tests/connectors/test_mooncake_gen1.py
-    covered |= SCHEDULE_MUTATION_KINDS
+    covered |= SCHEDULE_MUTATION_KINDS | CONTRACT_SCHEDULE_MUTATION_KINDS
     assert covered == set(KINDS) - set(ENGINE_ONLY_KINDS)
 
 
@@ -557,10 +658,12 @@ def test_unpatched_vllm_shows_only_expected_divergences() -> None:
         divergences += compare_runners(case, observations["mrv1"], observations["mrv2"])
     import vllm
 
-    # The connector checks' copy-plan entries (kvconform check) are not a run's to use.
-    result = classify(divergences, Environment(vllm.__version__, facts), load(), kinds=RUN_KINDS)
+    # The connector checks' copy-plan entries (kvconform check) are not a run's to use, nor
+    # are the schedules' (no request schedule runs here: tests/vllm/test_runner_schedules.py).
+    kinds = tuple(k for k in RUN_KINDS if k not in SCHEDULE_ONLY_KINDS)
+    result = classify(divergences, Environment(vllm.__version__, facts), load(), kinds=kinds)
     assert vllm.__version__ == VLLM_VERSION
     assert not result.unexpected, "\n".join(d.message for d in result.unexpected)
     assert not result.unused, [e.describe() for e in result.unused]
     assert {m.expectation.id for m in result.expected} == {e.id for e in load()
-                                                           if e.applies_to(vllm.__version__) and e.kind in RUN_KINDS}
+                                                           if e.applies_to(vllm.__version__) and e.kind in kinds}

@@ -66,11 +66,16 @@ def _first_words(text: str, n: int = FIRST_WORDS) -> list[str]:
 
 
 def diff(case: CaseConfig, runner: str, obs: Observation) -> list[str]:
-    """Every field where the reference and vLLM differ, one line each: the one comparator
-    (``conformance.diff.compare``), as ``kvconform run`` judges the same observation."""
-    from conformance.diff import compare
+    """Every field where the reference or the contract and vLLM differ and no shipped
+    expectation acknowledges it, one line each: the one comparator (``conformance.diff.compare``)
+    and the shipped expectations, as ``kvconform run`` judges the same observation."""
+    import importlib.metadata
 
-    return [d.message for d in compare(case, runner, obs).divergences]
+    from conformance.diff import compare
+    from conformance.expectations import Environment, case_facts, classify
+
+    env = Environment(importlib.metadata.version("vllm"), {case.name: case_facts(case, (obs,))})
+    return [d.message for d in classify(compare(case, runner, obs).divergences, env).unexpected]
 
 
 def _has_draft(case: CaseConfig) -> bool:
