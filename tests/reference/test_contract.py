@@ -16,25 +16,10 @@ import pytest
 from conformance.checks.contract import CONTRACT_KINDS, KINDS, _own_slot, _runs, contract_divergences
 from conformance.diff import KINDS as ALL_KINDS
 from conformance.diff import compare
+from gpu_impl.observation import GroupObs, ViewObs
 from suites.named_cases import CASES
 
 CASE = CASES["swa-hybrid-scaled"]
-
-
-@dataclasses.dataclass(frozen=True)
-class View:
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: str
-    storage_offset: int
-    storage_nbytes: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Group:
-    layer_names: tuple[str, ...]
-    block_size: int
-    spec_type: str = "FullAttentionSpec"
 
 
 NUM_BLOCKS, HEADS, HEAD = 4, 2, 8
@@ -42,11 +27,11 @@ PAGE = HEADS * 16 * 2 * HEAD * 2  # (H, N=16, C=2*HEAD) bf16: one 16-token block
 LAYER_STRIDE = NUM_BLOCKS * PAGE  # layers outermost (LBNHC)
 
 
-def _view(layer: int, kernel: int = 16) -> View:
+def _view(layer: int, kernel: int = 16) -> ViewObs:
     """Layer ``layer``'s registered (B, H, N, C) view, LBNHC, split into ``kernel``-token blocks."""
     ratio = 16 // kernel
     content = 2 * HEAD
-    return View((NUM_BLOCKS * ratio, HEADS, kernel, content), (kernel * HEADS * content, content, HEADS * content, 1),
+    return ViewObs((NUM_BLOCKS * ratio, HEADS, kernel, content), (kernel * HEADS * content, content, HEADS * content, 1),
                 "bfloat16", layer * LAYER_STRIDE // 2, 2 * LAYER_STRIDE)
 
 
@@ -55,7 +40,7 @@ def _observation(**changes: Any) -> SimpleNamespace:
     names = ("a", "b")
     base = dict(
         layout="LBNHC",
-        groups=(Group(names, 16),),
+        groups=(GroupObs(names, 16, "FullAttentionSpec"),),
         num_blocks=NUM_BLOCKS,
         bytes_per_block=2 * PAGE,
         tensors=(SimpleNamespace(size=2 * LAYER_STRIDE, layers=names, layer_stride=LAYER_STRIDE, block_stride=PAGE, offset=0),),
@@ -116,7 +101,7 @@ def test_two_layers_of_one_group_on_the_same_bytes_overlap() -> None:
 
 def test_two_groups_may_share_a_block_id_but_not_two() -> None:
     """Hybrid groups overlay one another's pages: block b of one group on block b of the other."""
-    groups = (Group(("a",), 16), Group(("b",), 16, "SlidingWindowSpec"))
+    groups = (GroupObs(("a",), 16, "FullAttentionSpec"), GroupObs(("b",), 16, "SlidingWindowSpec"))
     overlaid = {"a": _view(0), "b": _view(0)}
     pages = {"a": (PAGE, PAGE), "b": (PAGE, PAGE)}
     fine = _observation(groups=groups, kernel_block_sizes=(16, 16), registered=overlaid, bound_views={},
