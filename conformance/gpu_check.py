@@ -260,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("KVCONFORM_GPU_BUDGET_S", DEFAULT_BUDGET_S)))
     p.add_argument("--timeout-s", type=float, default=float(os.environ.get("KVCONFORM_GPU_TIMEOUT_S", DEFAULT_TIMEOUT_S)))
     p.add_argument("--draft-method", choices=("eagle", "eagle3"), help="override the Eagle scenarios' draft method")
+    p.add_argument("--contract-only", action="store_true",
+                   help="judge by the contract alone (what every vLLM must satisfy), not by any release's facts")
     p.add_argument("--list", action="store_true", help="list the scenarios and exit")
     return p
 
@@ -330,8 +332,10 @@ class GpuSource(ObservationSource):
         return f"bash scripts/gpu_check.sh --scenario {case.name.removeprefix('gpu-')}"
 
 
-def write_report(reports: dict[str, Any], summary: dict[str, Any], device: dict[str, Any] | None, target: Path) -> int:
-    """``target``: the ``kvconform.report/1`` of the GPU runs; returns the run loop's exit code."""
+def write_report(reports: dict[str, Any], summary: dict[str, Any], device: dict[str, Any] | None, target: Path,
+                 *, contract_only: bool = False) -> int:
+    """``target``: the ``kvconform.report/1`` of the GPU runs; returns the run loop's exit code.
+    ``contract_only``: judged by the contract alone (the header and every divergence say so)."""
     cases: dict[str, Any] = {}
     for report in reports.values():
         spec = (report or {}).get("spec") or {}
@@ -350,7 +354,16 @@ def write_report(reports: dict[str, Any], summary: dict[str, Any], device: dict[
         expectations_source="conformance/expectations.toml (shipped)",
         selection="the GPU scenarios",
         source=GpuSource(reports, summary["runs"], device),
+        judgement=_contract_judgement(cases.values()) if contract_only else None,
     )
+
+
+def _contract_judgement(cases) -> Any:
+    """The contract alone, for the vLLM the GPU runs had (the cases name it)."""
+    from reference.releases import judgement_for
+
+    versions = sorted({case.vllm_version for case in cases})
+    return judgement_for(versions[0], contract_only=True)
 
 
 def exit_status(report_code: int, statuses: Sequence[str]) -> int:
@@ -402,14 +415,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PREFIX}: interrupted", file=sys.stderr)
         return 2
-    summary = summarize(reports, device)
+    basis = "contract" if args.contract_only else "facts"
+    summary = summarize(reports, device, basis=basis)
     summary["wall_s"] = round(time.monotonic() - t0, 1)
     for rid, report in reports.items():
         if report is not None:
             report = dict(report, analysis=summary["runs"][rid])
             (out / f"{rid}.json").write_text(json.dumps(report, indent=1, sort_keys=True, default=repr))
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True, default=repr))
-    code = exit_status(write_report(reports, summary, device, out / "report.json"), [a["status"] for a in summary["runs"].values()])
+    code = exit_status(write_report(reports, summary, device, out / "report.json", contract_only=args.contract_only),
+                       [a["status"] for a in summary["runs"].values()])
     summary["exit_code"] = code
     text = format_summary(summary)
     (out / "summary.txt").write_text(text + "\n")

@@ -31,7 +31,8 @@ def run_observation(report: Mapping[str, Any], case: CaseConfig, runner: str) ->
 
 
 def _divergence_record(d: Any) -> dict[str, Any]:
-    return {"kind": d.kind, "field": d.field, "expected": d.expected, "observed": d.observed, "message": d.message}
+    return {"kind": d.kind, "field": d.field, "expected": d.expected, "observed": d.observed, "message": d.message,
+            "basis": d.basis}
 
 
 def data_summary(observation: Any, divergences: Iterable[Any]) -> dict[str, Any]:
@@ -57,8 +58,9 @@ def data_summary(observation: Any, divergences: Iterable[Any]) -> dict[str, Any]
     }
 
 
-def analyze_run(report: Mapping[str, Any] | None) -> dict[str, Any]:
-    """One run's verdict: ``status``, ``reasons``, ``divergences`` and ``data``."""
+def analyze_run(report: Mapping[str, Any] | None, *, basis: str = "facts") -> dict[str, Any]:
+    """One run's verdict: ``status``, ``reasons``, ``divergences`` and ``data``; judged by
+    the contract and the facts, or with ``basis="contract"`` by the contract alone."""
     if report is None:
         return {"status": "missing", "reasons": ["no report was written"]}
     spec = report.get("spec") or {}
@@ -94,7 +96,7 @@ def analyze_run(report: Mapping[str, Any] | None) -> dict[str, Any]:
             out["status"] = "timeout"
             return out
     observation = run_observation(report, case, out["runner"])
-    comparison = compare(case, out["runner"], observation)
+    comparison = compare(case, out["runner"], observation, basis=basis)
     found = list(comparison.divergences)
     if timed_out:
         # A run killed part way: what it did not get to is no divergence.
@@ -137,11 +139,13 @@ def exit_code(statuses: Iterable[str]) -> int:
     return 0
 
 
-def summarize(reports: Mapping[str, Mapping[str, Any] | None], device: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``reports``: ``{run_id: report or None}`` -> per-run verdicts, runner diffs, exit code."""
+def summarize(reports: Mapping[str, Mapping[str, Any] | None], device: Mapping[str, Any] | None = None,
+              *, basis: str = "facts") -> dict[str, Any]:
+    """``reports``: ``{run_id: report or None}`` -> per-run verdicts, runner diffs, exit code.
+    ``basis``: ``conformance.diff.compare``'s (``"contract"``: ``--contract-only``)."""
     runs = {}
     for rid, report in reports.items():
-        analysis = analyze_run(report)
+        analysis = analyze_run(report, basis=basis)
         analysis.setdefault("run_id", rid)
         runs[rid] = analysis
     by_scenario: dict[str, dict[str, Mapping[str, Any]]] = {}

@@ -346,7 +346,9 @@ def _schedules_line(report: Mapping[str, Any]) -> list[str]:
     if not isinstance(sched, Mapping):
         return []
     ran = sched.get("run") or {}
-    runs = ", ".join(f"{runner.upper()} {n}" for runner, n in sorted(ran.items())) or "none"
+    drafted = sched.get("draft_steps") if isinstance(sched.get("draft_steps"), Mapping) else {}
+    runs = ", ".join(f"{runner.upper()} {n}" + (f" ({drafted[runner]} draft steps)" if drafted.get(runner) else "")
+                     for runner, n in sorted(ran.items())) or "none"
     return [f"- **request schedules** through each runner's own block tables ({sched.get('per_case')} per case, "
             f"seed {sched.get('seed')}): {_md_cell(runs)}"]
 

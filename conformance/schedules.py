@@ -18,6 +18,10 @@ from conformance.prediction import reference_prediction
 
 DEFAULT_SCHEDULES = 2
 """Schedules per case for the named cases (``kvconform run --schedules``)."""
+DRAFT_STEPS = 2
+"""Draft steps after each forward of a case with a draft (``num_speculative_tokens = 3``:
+the first draft token comes from the pass over the target's tokens, the next two from
+the drafter's own steps, whose slot mappings it computes itself)."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +66,27 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
         return SchedulePlan(skipped=groups, seed=seed)
     scenarios = case_scenarios(case.name, groups, max_model_len=case.max_model_len,
                                dcp_world=case.decode_context_parallel_size, seed=seed, count=count)
+    draft = _draft_steps(case, first, groups)
+    if draft is not None:
+        scenarios = [dict(sc, draft=draft) for sc in scenarios]
     kernels = {runner: _kernel_sizes_by_owner(case, d) for runner, d in derivations.items()}
     return SchedulePlan(tuple(scenarios), kernels, seed=seed)
+
+
+def _draft_steps(case: CaseConfig, derivation: Any, groups: list[dict[str, Any]]) -> dict[str, int] | None:
+    """The draft steps a case's schedules run after each forward: ``DRAFT_STEPS`` in the
+    KV cache group that holds its draft layers (one group for all of them: vLLM's
+    ``validate_same_kv_cache_group``), when that group is an attention group."""
+    drafts = draft_layers(case)
+    if not drafts:
+        return None
+    gids = {gid for gid, group in enumerate(derivation.groups) if drafts & set(group.layer_names)}
+    if len(gids) != 1:
+        return None
+    gid = gids.pop()
+    if gid >= len(groups) or groups[gid]["kind"] != "attention":
+        return None
+    return {"group": gid, "steps": DRAFT_STEPS, "max_model_len": case.max_model_len}
 
 
 def _kernel_sizes_by_owner(case: CaseConfig, derivation: Any) -> dict[str, dict[str, int]]:
@@ -97,6 +120,12 @@ def schedule_summary(plan: SchedulePlan | None, observation: Any) -> dict[str, A
     ran = [s for s in observed if "steps" in s]
     reasons = sorted({s.get("does_not_fit") or s.get("unsupported") or "" for s in observed if "steps" not in s} - {""})
     summary: dict[str, Any] = {"run": len(ran), "seed": plan.seed, "names": [s["name"] for s in ran]}
+    drafted = sum(len(step.get("draft_steps") or ()) for s in ran for step in s["steps"])
+    if drafted:
+        summary["draft_steps"] = drafted  # the drafter's / speculator's own steps after the forwards
+    not_drafted = sorted({step["draft_steps_unsupported"] for s in ran for step in s["steps"] if "draft_steps_unsupported" in step})
+    if not_drafted:
+        summary["draft_steps_not_run"] = "; ".join(not_drafted)
     if reasons:
         summary["not_run"] = "; ".join(reasons)
     return summary

@@ -238,7 +238,8 @@ def _run_against_vllm(
             "duration_s": round(time.time() - started, 3),
             "counts": counts,
             "fidelity": {f"{runner}:{how}": n for (runner, how), n in sorted(fidelities.items())},
-            "schedules": {"per_case": schedules, "seed": seed, "run": dict(schedule_runs)},
+            "schedules": {"per_case": schedules, "seed": seed, "run": dict(schedule_runs),
+                          "draft_steps": dict(draft_step_runs)},
             "expectations": {
                 "file": expectations_source,
                 "expected": None if verdict is None else len(verdict.expected),
@@ -252,6 +253,7 @@ def _run_against_vllm(
     bar = _ProgressBar(len(cases), enabled=not quiet)
     say = bar.print
     schedule_runs: dict[str, int] = {}
+    draft_step_runs: dict[str, int] = {}
     to_file = bool(json_target) and json_target != "-"
     last_write = [time.monotonic()]
 
@@ -296,6 +298,7 @@ def _run_against_vllm(
                     fidelities[(c.runner, how)] = fidelities.get((c.runner, how), 0) + 1
                 ran = schedule_summary(plan, observation)
                 schedule_runs[c.runner] = schedule_runs.get(c.runner, 0) + ran["run"]
+                draft_step_runs[c.runner] = draft_step_runs.get(c.runner, 0) + ran.get("draft_steps", 0)
                 runners[c.runner] = {
                     "status": status,
                     "detail": c.detail,
@@ -344,7 +347,8 @@ def _run_against_vllm(
         _print_verdict(verdict, counts, {case.name: case for case in cases}, source.replay)
         _print_fidelity(fidelities)
         if schedules:
-            runs = ", ".join(f"{runner.upper()} {n}" for runner, n in sorted(schedule_runs.items()))
+            runs = ", ".join(f"{runner.upper()} {n}" + (f" ({draft_step_runs[runner]} draft steps)" if draft_step_runs.get(runner) else "")
+                             for runner, n in sorted(schedule_runs.items()))
             print(f"kvconform: request schedules through the runners' own block tables (seed {seed}): {runs or 'none'}")
         if vllm_log:
             print(f"kvconform: vLLM's and torch's own output: {vllm_log}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from reference.dtypes import CACHE_DTYPES, canonical_model_dtype
 from reference.errors import ConfigError
@@ -331,7 +331,9 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
                     "batch": [[req, [positions]], ...],  # MRv1 rows 0..n-1 in order
                     "num_reqs_padded": int,              # default len(batch)
                     "dummy_tokens": [int, ...],          # MRv2 idx_mapping=-1 requests
-                    "num_tokens_padded": int}, ...]}     # default all tokens
+                    "num_tokens_padded": int}, ...],     # default all tokens
+         "draft": {"group": g, "steps": S,               # optional: after every forward,
+                   "max_model_len": L}}                  # S draft steps of the draft group g
     """
     if not isinstance(scenario, Mapping):
         raise ScenarioError(f"scenario {scenario!r} is not a JSON object")
@@ -345,7 +347,31 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
         raise ScenarioError(f"dcp {sc['dcp']!r} is not [world_size, rank, interleave]")
     sc["groups"] = [_normalize_group(g, i) for i, g in enumerate(sc["groups"])]
     sc["steps"] = [_normalize_step(s, len(sc["groups"])) for s in sc["steps"]]
+    sc["draft"] = _normalize_draft(sc.get("draft"), sc["groups"])
     return sc
+
+
+MAX_DRAFT_STEPS = 8
+"""Draft steps per forward a scenario may ask for (``num_speculative_tokens - 1``)."""
+
+
+def _normalize_draft(draft: Any, groups: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+    """The draft steps after each forward: the drafter's KV cache group, how many steps
+    (``num_speculative_tokens - 1``; the first draft token comes from the target's forward)
+    and the model length the drafter clamps at."""
+    if draft is None:
+        return None
+    if not isinstance(draft, Mapping):
+        raise ScenarioError(f"draft {draft!r} is not an object with 'group', 'steps' and 'max_model_len'")
+    out = {}
+    for key, low, high in (("group", 0, len(groups) - 1), ("steps", 1, MAX_DRAFT_STEPS), ("max_model_len", 1, 1 << 24)):
+        value = draft.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ScenarioError(f"draft {key} {value!r} is not an integer in [{low}, {high}]")
+        out[key] = value
+    if groups[out["group"]]["kind"] != "attention":
+        raise ScenarioError(f"draft group {out['group']} is a {groups[out['group']]['kind']!r} group, not attention")
+    return out
 
 
 def _normalize_group(group: Mapping[str, Any], index: int) -> dict[str, Any]:

@@ -22,7 +22,9 @@ KINDS = (
          "table widths, which row/slot each request holds, its valid logical block ids, the tables "
          "handed to attention (padded rows included) and each attention group's kernel-block "
          "expansion of them, or where the runner failed."),
-    Kind("slot_mapping", "the same schedules' slot mappings (``[:num_tokens_padded]``)."),
+    Kind("slot_mapping", "the same schedules' slot mappings (``[:num_tokens_padded]``), and those the "
+                         "drafter (MRv1) or speculator (MRv2) computes itself for its draft steps after each "
+                         "forward (their group, positions and slots)."),
 )
 
 
@@ -109,6 +111,14 @@ def compare_schedule(
                 c.cmp("block_table", label + ("" if i is None else f" row {i}{part}"), a, b)
         for g, (a, b) in enumerate(zip(ref["slot_mappings"], got["slot_mappings"])):
             c.cmp("slot_mapping", f"{where} slot_mappings[g={g}]", list(a), list(b))
+        if "draft_steps" in got and "draft_steps" in ref:  # a driver that cannot run draft steps reports none
+            predicted_drafts, observed_drafts = ref["draft_steps"], got["draft_steps"]
+            c.cmp("slot_mapping", f"{where} draft steps run", len(predicted_drafts), len(observed_drafts))
+            for j, (a, b) in enumerate(zip(predicted_drafts, observed_drafts)):
+                label = f"{where} draft step {j + 1}"
+                c.cmp("slot_mapping", f"{label} group", a["group"], b["group"])
+                c.cmp("slot_mapping", f"{label} positions", list(a["positions"]), list(b["positions"]))
+                c.cmp("slot_mapping", f"{label} slot_mapping[g={a['group']}]", list(a["slot_mapping"]), b["slot_mapping"])
     if len(predicted["steps"]) != len(observed["steps"]) and err_steps[0] == err_steps[1]:
         c.cmp("block_table", f"schedule {name}: steps run", len(predicted["steps"]), len(observed["steps"]))
     return tuple(c.out)

@@ -57,7 +57,8 @@ KINDS = (
     Kind("slot_address",
          "in the same schedules, a token's slot is not its own block and offset: block id "
          "``ids[p // B]`` of the row the runner holds for its request, offset ``p % B`` (under DCP, "
-         "the token's virtual block and local offset on its rank, PAD on the others): contract."),
+         "the token's virtual block and local offset on its rank, PAD on the others), including the "
+         "tokens of the draft steps the MRv1 drafter and the MRv2 speculator address themselves: contract."),
     Kind("bound_view",
          "a layer computes with bytes outside the view registered for it, or with the same shape "
          "but other strides, offset or dtype (a connector and the kernels would disagree on where a "
@@ -436,6 +437,41 @@ def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observ
                             c.cmp("slot_address", f"{where} slot_mappings[g={g}] token {t} (request {req}, position {p})",
                                   want, slots[t])
                         t += 1
+            _check_draft_slots(c, where, scenario, step, seen, groups, dcp)
+
+
+def _check_draft_slots(c: Collector, where: str, scenario: Mapping[str, Any], step: Mapping[str, Any],
+                       seen: Mapping[str, Any], groups: Sequence[Any], dcp: Sequence[int]) -> None:
+    """A draft step's token ``k`` of a request sits at its last position + ``k``: its slot
+    is that token's own (DCP: the rank's own, or PAD on another rank's), where the row
+    holds a block for it (the scheduler allocates lookahead blocks before a draft step;
+    a row without one is the schedule's, not vLLM's). Past ``max_model_len`` there is no
+    such token: the slot is PAD or one of the request's own (MRv2 re-writes its last)."""
+    draft = scenario.get("draft")
+    if not draft:
+        return
+    limit = int(draft["max_model_len"])
+    blocks = seen.get("blocks") or {}
+    for k, drafted in enumerate(seen.get("draft_steps") or (), start=1):
+        g = drafted.get("group")
+        slots = drafted.get("slot_mapping")
+        if slots is None or not isinstance(g, int) or g >= len(groups):
+            continue
+        block = groups[g].block_size
+        for i, (req, positions) in enumerate(step["batch"]):
+            rows = blocks.get(req) or ()
+            if i >= len(slots) or g >= len(rows) or not positions:
+                continue
+            ids, p = rows[g], positions[-1] + k
+            label = f"{where} draft step {k} slot_mapping[g={g}] request {req} (position {p})"
+            if p >= limit:
+                if slots[i] != PAD_SLOT and slots[i] // block not in ids:
+                    c.cmp("slot_address", label, f"PAD or a slot of the request's own blocks (past max_model_len {limit})",
+                          slots[i])
+                continue
+            want = _own_slot(ids, p, block, dcp)
+            if want is not None and slots[i] != want:
+                c.cmp("slot_address", label, want, slots[i])
 
 
 def contract_divergences(case: Any, runner: str, observation: Any, scenarios: Sequence[Mapping[str, Any]] = ()) -> list:

@@ -216,6 +216,17 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                                              shared_kv_cache_layers={})
             # In the case's layer order, as the runner's kv_caches dict.
             partial["registered"] = {layer.name: _view(views[layer.name]) for layer in case.layers if layer.name in views}
+            # What the contract holds the views to: vLLM's own spec objects' page sizes and
+            # dtypes, the kernel block sizes each backend declares, which storage each view is in.
+            from gpu_impl.vllm_cpu import planning
+
+            partial["page_bytes"] = planning._page_bytes(kcc)
+            partial["spec_dtypes"] = planning._spec_dtypes(kcc)
+            try:
+                partial["supported_kernel_block_sizes"] = planning._supported_kernel_block_sizes(kcc, backends)
+            except AttributeError:
+                pass  # a release whose backends declare no kernel block sizes: not judged
+            partial["storage_of"] = planning._storage_numbers({n: views[n] for n in partial["registered"]})
             if on_registered is not None:
                 stage = "connector"
                 on_registered(RegisteredKV(vc, kcc, backends, kernel_block_sizes,

@@ -107,6 +107,7 @@ class _MRv1Schedule:
         self.widths = [int(t.get_numpy_array().shape[1]) for t in self.table.block_tables]
         groups = list(getattr(instance, "attn_groups", []) or [])
         drafter = getattr(instance, "drafter", None)
+        self.drafter = drafter if getattr(drafter, "draft_attn_groups", None) else None
         draft = list(getattr(drafter, "draft_attn_groups", []) or [])
         self.entries = _attention_group_entries(groups, "runner")
         # The drafter's attention groups carry their own kv_cache_group_id.
@@ -177,11 +178,42 @@ class _MRv1Schedule:
             blk = t.get_device_tensor(padded)
             blk[n:padded].fill_(NULL_BLOCK_ID)
             tables.append(blk)
-        return {
+        out = {
             "tables": [_tolist(t) for t in tables],
             "kernel_tables": _kernel_tables(self.entries, tables),
             "slot_mappings": [_tolist(slots_by_gid[g]) for g in range(self.num_groups)],
         }
+        if self.sc.get("draft") and self.drafter is not None:
+            out.update(_drafting("MRv1 drafter", lambda: self._draft_steps(step, tables, int(self.sc["draft"]["steps"]))))
+        return out
+
+    def _draft_steps(self, step: Mapping[str, Any], tables: Sequence[Any], count: int) -> list[dict[str, Any]]:
+        """``count`` draft steps after this forward, as ``propose`` runs them for
+        ``num_speculative_tokens = count + 1``: from the sampled tokens' positions (each
+        request's last) and the common metadata the runner hands the drafter (its KV cache
+        group's table from ``_build_attention_metadata``, the seq lens after the target's
+        tokens), the drafter's own ``_update_positions_dependent_metadata`` with its own
+        ``block_size`` and group, every step. None of the requests' tokens is rejected."""
+        import torch
+
+        drafter = self.drafter
+        gid = int(drafter.kv_cache_gid)
+        if not 0 <= gid < len(tables):
+            return []
+        last = [pos[-1] if pos else 0 for _, pos in step["batch"]]
+        n = len(last)
+        positions = torch.tensor(last, dtype=torch.int64)
+        common = SimpleNamespace(block_table_tensor=tables[gid],
+                                 seq_lens=torch.tensor([p + 1 for p in last], dtype=torch.int32),
+                                 max_seq_len=max(last) + 1, seq_lens_cpu_upper_bound=None, slot_mapping=None)
+        out = []
+        for _ in range(count):
+            positions = drafter._update_positions_dependent_metadata(positions, common, n, n, drafter.block_size)
+            # What the draft layers write through (the forward context's slot mapping).
+            given = drafter._get_slot_mapping(n)
+            out.append({"group": gid, "positions": _tolist(positions[:n]),
+                        "slot_mapping": _tolist(given[min(given)] if given else common.slot_mapping[:n])})
+        return out
 
 
 class _MRv2Schedule:
@@ -195,6 +227,7 @@ class _MRv2Schedule:
         self.num_groups = int(tables.num_kv_cache_groups)
         self.widths = [int(t.gpu.shape[1]) for t in tables.block_tables]
         speculator = getattr(instance, "speculator", None)
+        self.speculator = speculator if getattr(speculator, "block_tables", None) is not None else None
         self.entries = _attention_group_entries(getattr(instance, "attn_groups", None), "runner")
         self.entries += _attention_group_entries(getattr(speculator, "attn_groups", None), "drafter")
         # What GPUModelRunner.__init__ sets and the request updates read; no pooling,
@@ -278,11 +311,91 @@ class _MRv2Schedule:
             num_tokens_after_padding=step["num_tokens_padded"],
         )
         tables, slots = runner.prepare_attn(batch)
-        return {
+        out = {
             "tables": [_tolist(t) for t in tables],  # copies: the buffers are reused next step
             "kernel_tables": _kernel_tables(self.entries, tables),
             "slot_mappings": _tolist(slots),
         }
+        if self.sc.get("draft") and self.speculator is not None:
+            out.update(_drafting("MRv2 speculator", lambda: self._draft_steps(step, idx, int(self.sc["draft"]["steps"]))))
+        return out
+
+    def _draft_steps(self, step: Mapping[str, Any], idx: Sequence[int], count: int) -> list[dict[str, Any]]:
+        """``count`` draft steps after this forward, through the speculator's own
+        ``propose`` tail for ``num_speculative_steps = count + 1``: what its ``_prefill``
+        leaves (the last tokens' positions, the batch's request slots),
+        ``prepare_decode_inputs``, then its own multi-step decode (fused or not, as
+        ``propose`` picks) over the runner's ``BlockTables`` it was given in ``set_attn``,
+        its ``update_draft_inputs`` advancing the positions. The draft model's forward,
+        its sampling and its attention builders' metadata are not there (no checkpoint is
+        loaded): stand-ins that record the slot mapping of each forward's draft layers.
+        None of the requests' tokens is rejected."""
+        import torch
+        from vllm.config.compilation import CUDAGraphMode
+        from vllm.v1.worker.gpu.input_batch import InputBuffers
+        from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as ar
+
+        spec, runner = self.speculator, self.instance
+        layers = sorted(spec.draft_attn_layer_names)
+        gid = next((g for g, group in enumerate(spec.kv_cache_config.kv_cache_groups)
+                    if set(layers) & set(group.layer_names)), None)
+        if gid is None:
+            return []
+        n, hidden = len(idx), 8
+        last = [pos[-1] if pos else 0 for _, pos in step["batch"]]
+        # What DraftModelSpeculator / TargetDependentARSpeculator.__init__ allocate, for
+        # count + 1 speculative steps and a hidden size of ``hidden``.
+        spec.input_buffers = InputBuffers(max_num_reqs=int(spec.max_num_reqs), max_num_tokens=int(spec.max_num_tokens),
+                                          device=runner.device)
+        spec.idx_mapping = torch.zeros(int(spec.max_num_reqs), dtype=torch.int64)
+        spec.draft_tokens = torch.zeros(int(spec.max_num_reqs), count + 1, dtype=torch.int64)
+        spec.sample_src_positions = torch.zeros(int(spec.max_num_reqs), dtype=torch.int64)
+        spec.hidden_states = torch.zeros(int(spec.max_num_tokens), hidden)
+        spec.current_draft_step = torch.tensor(0, dtype=torch.int64)
+        spec.temperature = torch.zeros(int(spec.max_num_reqs))
+        spec.seeds = torch.zeros(int(spec.max_num_reqs), dtype=torch.int64)
+        spec.num_speculative_steps = count + 1
+        for name, value in (("draft_logits", None), ("eplb_state", None), ("decode_cudagraph_manager", None)):
+            setattr(spec, name, value)
+        # _prefill's state: each request's slot and its last token's position.
+        spec.idx_mapping[:n] = torch.tensor(list(idx), dtype=torch.int64)
+        spec.input_buffers.positions[:n] = torch.tensor(last, dtype=torch.int64)
+        seen: list[dict[str, Any]] = []
+
+        def draft_forward(num_tokens, attn_metadata, slot_mappings, *args, **kwargs):
+            mapping = (slot_mappings or {}).get(layers[0])
+            seen.append({"group": gid, "positions": _tolist(spec.input_buffers.positions[:n]),
+                         "slot_mapping": None if mapping is None else _tolist(mapping[:n])})
+            out = torch.zeros(num_tokens, hidden)
+            return out, out
+
+        spec._run_model = draft_forward
+        spec.sample_draft = lambda hidden_states, *args, **kwargs: torch.zeros(hidden_states.shape[0], dtype=torch.int64)
+        spec._build_uniform_attn_metadata = lambda **kwargs: {}
+        spec._update_draft_decode_metadata = lambda attn_metadata, num_reqs: None
+        try:
+            ar.prepare_decode_inputs(spec.draft_tokens[:n, 0], torch.tensor([p + 1 for p in last], dtype=torch.int32),
+                                     torch.zeros(n, dtype=torch.int32), spec.input_buffers, spec.sample_src_positions,
+                                     int(spec.max_model_len), int(spec.max_num_reqs),
+                                     advance_draft_positions=spec.advance_draft_positions)
+            decode = (spec._fused_multi_step_decode if getattr(spec, "supports_decode_metadata_update", False)
+                      else spec._multi_step_decode)
+            batch_desc = SimpleNamespace(num_tokens=n, cg_mode=CUDAGraphMode.NONE)
+            decode(n, False, batch_desc, None, torch.tensor([p + 1 + count for p in last], dtype=torch.int32), count + 1)
+        finally:
+            for name in ("_run_model", "sample_draft", "_build_uniform_attn_metadata", "_update_draft_decode_metadata"):
+                vars(spec).pop(name, None)
+        return seen
+
+
+def _drafting(who: str, run) -> dict[str, Any]:
+    """``{"draft_steps": [...]}``, or, where this release's drafter has other methods than
+    the driver calls (an older or newer vLLM), ``{"draft_steps_unsupported": why}``: the
+    step's own tables and slots are still observed and judged."""
+    try:
+        return {"draft_steps": run()}
+    except (AttributeError, TypeError) as exc:
+        return {"draft_steps_unsupported": f"{who}'s draft steps not reachable: {type(exc).__name__}: {exc}"}
 
 
 def _fits(sc: Mapping[str, Any], num_groups: int, instance) -> str | None:

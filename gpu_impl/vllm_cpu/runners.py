@@ -251,6 +251,7 @@ def _runner_basics(case, vc, device) -> dict[str, Any]:
 
 
 def _mrv1_runner(case, vc, device):
+    import torch
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
     from vllm.v1.spec_decode.eagle import EagleProposer
     from vllm.v1.worker.block_table import SlotMappingMode
@@ -294,6 +295,13 @@ def _mrv1_runner(case, vc, device):
             _draft_attn_layer_names=set(drafts),
             cudagraph_dispatcher=CudagraphDispatcher(vc),
             draft_attn_groups=[],
+            # What SpecDecodeBaseProposer.__init__ sets that a draft step reads
+            # (_update_positions_dependent_metadata): the model length it clamps at and the
+            # position and slot-mapping buffers, sized like its own (max_num_batched_tokens).
+            max_model_len=vc.model_config.max_model_len,
+            uses_mrope=False,
+            positions=torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64, device=device),
+            _slot_mapping_buffer=torch.zeros(MAX_NUM_TOKENS, dtype=torch.int64, device=device),
         )
     return r
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from reference.releases import MRV2_SLIDING_WINDOW_REACH, holds
-from reference.block_tables._common import get_block_table_width
+from reference.block_tables._common import PAD_SLOT_ID as PAD_SLOT, get_block_table_width
+from reference.block_tables.drafts import draft_step_mrv1, draft_step_mrv2
 from reference.block_tables.kernel import map_to_kernel_block_table
 from reference.block_tables.mrv1 import MRv1MultiGroupBlockTable
 from reference.block_tables.mrv2 import MRv2BlockTables
@@ -81,6 +82,7 @@ class _MRv1Model:
         )
         self.state = MRv1ScheduleState(self.tables)
         self.widths = self.tables.widths
+        self.draft = sc["draft"]
 
     def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
         for op in step["ops"]:
@@ -96,7 +98,28 @@ class _MRv1Model:
             obs["kernel_tables"] = [map_to_kernel_block_table(rows[g], *kernel_ratio(grp))
                                     for g, grp in enumerate(self.groups)]
             obs["slot_mappings"] = self.tables.get_slot_mappings(len(positions), step["num_tokens_padded"])
+            if self.draft is not None:
+                obs["draft_steps"] = self._draft_steps(step, rows[self.draft["group"]])
         return obs
+
+    def _draft_steps(self, step: Mapping[str, Any], rows: Sequence[Sequence[int]]) -> list[dict[str, Any]]:
+        """The drafter's steps after the forward (``llm_base_proposer.py`` ``propose``:
+        ``eagle_step_update_slot_mapping_and_metadata`` per step): from each request's
+        last position, ``draft_step_mrv1`` (PAD past the model length, D15), the slot
+        ``row[min(p // B, width - 1)] * B + p % B`` of the drafter's group's batch row
+        with its logical block size. DCP plays no part in it: the drafter's kernel takes
+        no DCP size or rank (the contract's ``slot_address`` says what that breaks)."""
+        d = self.draft
+        B, width = self.groups[d["group"]]["block_size"], self.widths[d["group"]]
+        state = [(pos[-1] if pos else 0, (pos[-1] if pos else 0) + 1) for _, pos in step["batch"]]
+        out = []
+        for _ in range(d["steps"]):
+            moved = [draft_step_mrv1(p, s, d["max_model_len"]) for p, s in state]
+            slots = [PAD_SLOT if m.pad_slot else rows[i][min(m.position // B, width - 1)] * B + m.position % B
+                     for i, m in enumerate(moved)]
+            out.append({"group": d["group"], "positions": [m.position for m in moved], "slot_mapping": slots})
+            state = [(m.position, m.seq_len) for m in moved]
+        return out
 
 
 class _MRv2Model:
@@ -113,6 +136,7 @@ class _MRv2Model:
             [g["sliding_window_reach"] for g in groups],
         )
         self.state = MRv2ScheduleState(self.tables)
+        self.draft = sc["draft"]
 
     def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
         for op in mrv2_step_order([schedule_op(op) for op in step["ops"]]):
@@ -129,7 +153,26 @@ class _MRv2Model:
                                     for g, grp in enumerate(self.groups)]
             obs["slot_mappings"] = self.tables.compute_slot_mappings(
                 idx + [-1] * len(step["dummy_tokens"]), qsl_all, positions_all, step["num_tokens_padded"])
+            if self.draft is not None:
+                obs["draft_steps"] = self._draft_steps(step, idx)
         return obs
+
+    def _draft_steps(self, step: Mapping[str, Any], idx: Sequence[int]) -> list[dict[str, Any]]:
+        """The speculator's decode steps after the forward (``target_dependent_ar/
+        speculator.py``: ``prepare_decode_inputs``, then per step ``compute_slot_mappings``
+        over the runner's block tables and ``update_draft_inputs``): positions clamp at
+        ``max_model_len - 1`` (``draft_step_mrv2``, D15), one token per request, its slot
+        as the forward's (DCP included), in the drafter's group."""
+        d = self.draft
+        state = [(pos[-1] if pos else 0, (pos[-1] if pos else 0) + 1) for _, pos in step["batch"]]
+        n, out = len(idx), []
+        for _ in range(d["steps"]):
+            moved = [draft_step_mrv2(p, s, d["max_model_len"]) for p, s in state]
+            positions = [m.position for m in moved]
+            slots = self.tables.compute_slot_mappings(list(idx), list(range(n + 1)), positions, n)[d["group"]]
+            out.append({"group": d["group"], "positions": positions, "slot_mapping": list(slots[:n])})
+            state = [(m.position, m.seq_len) for m in moved]
+        return out
 
 
 _MODELS = {"mrv1": _MRv1Model, "mrv2": _MRv2Model}

@@ -405,6 +405,21 @@ def test_cli_run_engine_expectations_absorb_a_known_divergence(tmp_path, monkeyp
     assert report["results"][0]["runners"]["mrv1"]["status"] == "expected"
 
 
+def test_cli_run_engine_contract_only_judges_by_the_contract(tmp_path, monkeypatch):
+    """``--contract-only`` reaches the engine too: a layout name other than the facts' is no
+    contract violation (the views still hold their blocks), so only the facts see it."""
+    from conformance.cli import main
+
+    monkeypatch.setattr(engine_driver, "engine_problem", lambda: None)
+    monkeypatch.setattr(engine_driver, "record_engines", lambda cs, **kw: _mutated(_layout))
+    target = tmp_path / "r.json"
+    assert main(["run", "--engine", "--case", STARTS, "--json", str(target)]) == 1
+    assert main(["run", "--engine", "--case", STARTS, "--contract-only", "--json", str(target)]) == 0
+    report = json.loads(target.read_text())
+    assert report["environment"]["judged_by"] == "contract" and validate_report(report) == []
+    assert report["results"][0]["runners"]["mrv1"]["status"] == "pass"
+
+
 def test_cli_run_engine_usage_and_nothing_ran(monkeypatch, capsys):
     from conformance.cli import main
 

@@ -555,6 +555,22 @@ def test_summary_flags_divergences_data_failures_and_runner_differences():
     assert "MRv1 != MRv2 for flashinfer-b128-k64" in summary.format_summary(result)
 
 
+def test_summary_by_the_contract_alone():
+    """``python -m conformance.gpu_check --contract-only``: a resolved layout name other than
+    the facts' is no contract violation; a view that leaves its allocation is."""
+    renamed = fake_report("fa-b16", "mrv1")
+    renamed["worker"]["resolved_layout"] = "LBNHC" if renamed["worker"]["resolved_layout"] != "LBNHC" else "HNBLC"
+    assert summary.summarize({"a": renamed})["runs"]["a"]["status"] == "fail"
+    by_contract = summary.summarize({"a": renamed}, basis="contract")["runs"]["a"]
+    assert by_contract["status"] == "pass" and by_contract["divergences"] == [], by_contract
+    outside = fake_report("fa-b16", "mrv1")
+    layer = next(iter(outside["worker"]["registered"]))
+    view = outside["worker"]["registered"][layer]
+    view["storage_offset"] = view["storage_offset"] + view["storage_nbytes"]  # every byte past the end
+    found = summary.summarize({"a": outside}, basis="contract")["runs"]["a"]
+    assert found["status"] == "fail" and {d["basis"] for d in found["divergences"]} == {"contract"}, found
+
+
 def test_summary_statuses_without_a_verdict():
     unchecked = fake_report("fa-b16", "mrv1")
     unchecked["worker"]["data_checks"] = unchecked["worker"]["data_checks"][:1]

@@ -166,6 +166,90 @@ def test_mrv2_speculator_kernel_tables_are_its_own(monkeypatch: pytest.MonkeyPat
     assert _by_facts(comparisons["mrv2"]) == {"block_table"}, _explain(name, comparisons)
 
 
+# --- draft steps: the slot mappings the MRv1 drafter and the MRv2 speculator compute themselves ---
+
+
+def _draft_steps(observation) -> list[dict]:
+    return [d for s in observation.schedules for st in s.get("steps", ()) for d in st.get("draft_steps", ())]
+
+
+def test_draft_steps_run_through_both_runners_own_drafters() -> None:
+    """Every forward of a draft case's schedules is followed by the drafter's (MRv1) and the
+    speculator's (MRv2) own draft steps, in the drafts' group, and they match the facts."""
+    name = "mla-gqa-draft-b64"
+    plan, observations, comparisons = _run(name)
+    forwards = sum(1 for sc in plan.scenarios for st in sc["steps"] if st["batch"])
+    for runner, obs in observations.items():
+        steps = _draft_steps(obs)
+        assert len(steps) == forwards * plan.scenarios[0]["draft"]["steps"], (runner, len(steps), forwards)
+        assert all(d["group"] == 0 and d["slot_mapping"] and -1 not in d["slot_mapping"] for d in steps), runner
+        assert schedule_summary(plan, obs)["draft_steps"] == len(steps)
+    assert {c.status for c in comparisons.values()} == {"pass"}, _explain(name, comparisons)
+
+
+def test_the_mrv1_drafter_ignoring_dcp_is_seen_by_the_contract_only() -> None:
+    """Under DCP the MRv1 drafter addresses its draft tokens without DCP (a finding:
+    expectation mrv1-drafter-draft-slots-ignore-dcp); the facts model that, the contract
+    does not accept it; MRv2's speculator conforms."""
+    name = "mla-gqa-draft-dcp2"
+    _, observations, comparisons = _run(name)
+    assert comparisons["mrv2"].status == "pass", _explain(name, comparisons)
+    mrv1 = comparisons["mrv1"].divergences
+    assert mrv1 and _by_facts(comparisons["mrv1"]) == set(), _explain(name, comparisons)
+    assert {(d.kind, d.basis) for d in mrv1} == {("slot_address", "contract")}, _explain(name, comparisons)
+    assert all(" draft step " in d.field for d in mrv1), _explain(name, comparisons)
+
+
+def test_the_findings_repro_shows_the_mrv1_drafter_ignoring_dcp() -> None:
+    """docs/findings/repro_mrv1_drafter_dcp_draft_slots.py, as a reader runs it: exit 1 and
+    the slots the report quotes (vLLM's own two functions, side by side)."""
+    repro = REPO / "docs" / "findings" / "repro_mrv1_drafter_dcp_draft_slots.py"
+    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "position 16: runner's slot on DCP rank 0 is 56, the drafter's 80" in done.stdout, done.stdout
+
+
+def test_an_mrv1_drafter_on_kernel_blocks_is_seen_in_mrv1_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drafter that addressed draft tokens with its builders' kernel block size (64)
+    but the logical block table (128-token blocks), a plausible slip since the drafter is
+    handed the kernel block sizes (llm_base_proposer.py initialize_attn_backend)."""
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+    name = "mla-gqa-draft-b128-k64"
+    _, _, comparisons = _run(name)
+    assert comparisons["mrv1"].status == "pass", _explain(name, comparisons)
+    original = SpecDecodeBaseProposer.initialize_attn_backend
+
+    def on_kernel_blocks(self, kv_cache_config, kernel_block_sizes=None):
+        original(self, kv_cache_config, kernel_block_sizes)
+        if kernel_block_sizes:
+            self.block_size = kernel_block_sizes[self.kv_cache_gid]
+
+    monkeypatch.setattr(SpecDecodeBaseProposer, "initialize_attn_backend", on_kernel_blocks)
+    _, _, mutated = _run(name)
+    assert {(d.kind, d.basis) for d in mutated["mrv1"].divergences} == {("slot_mapping", "facts"), ("slot_address", "contract")}, \
+        _explain(name, mutated)
+    assert [d.message for d in mutated["mrv2"].divergences] == [d.message for d in comparisons["mrv2"].divergences]
+
+
+def test_an_mrv2_speculator_that_does_not_advance_is_seen_in_mrv2_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``update_draft_inputs`` (target_dependent_ar/speculator.py) without advancing the
+    positions: every draft step writes the first draft token's slot again."""
+    from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as ar
+
+    name = "mla-gqa-draft-b64"
+    original = ar.update_draft_inputs
+
+    def stuck(*args, **kwargs):
+        return original(*args, **{**kwargs, "advance_draft_positions": False})
+
+    monkeypatch.setattr(ar, "update_draft_inputs", stuck)
+    _, _, comparisons = _run(name)
+    assert {(d.kind, d.basis) for d in comparisons["mrv2"].divergences} == {("slot_mapping", "facts"), ("slot_address", "contract")}, \
+        _explain(name, comparisons)
+    assert comparisons["mrv1"].status == "pass", _explain(name, comparisons)
+
+
 def _by_facts(comparison) -> set[str]:
     """The kinds of a comparison's divergences from the reference's facts (not the contract's)."""
     return {d.kind for d in comparison.divergences if d.basis == "facts"}
