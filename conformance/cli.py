@@ -105,12 +105,15 @@ def _cmd_explain(args: argparse.Namespace) -> int:
         raise NothingRan(f"case {case.name}: {exc}") from None
     except ConfigError as exc:
         raise UsageError(f"case {case.name}: {exc}") from None
-    print((explain_gen1 if gen1 else explain)(d, block_id=args.block))
+    if args.block is not None and args.block >= d.num_blocks:
+        raise UsageError(f"--block {args.block} is outside case {case.name}'s pool: logical block ids are 0 to {d.num_blocks - 1}")
+    block = min(1, d.num_blocks - 1) if args.block is None else args.block
+    print((explain_gen1 if gen1 else explain)(d, block_id=block))
     if args.html:
         from conformance.explain_html import write_explain_html
 
         try:
-            write_explain_html(d, args.html, block_id=args.block)
+            write_explain_html(d, args.html, block_id=block)
         except OSError as exc:
             raise UsageError(f"cannot write {args.html!r}: {exc.strerror}") from None
     return EXIT_OK
@@ -249,6 +252,29 @@ def _on_engine(cases: list, json_target: str | None, unavailable: str, announce:
 
     return run_against_engine(cases, json_target=json_target, quiet=json_target == "-",
                               expectations=expectations[0], expectations_source=expectations[1], judgement=judgement)
+
+
+MAX_SEED = 2**63 - 1
+"""Seeds are non-negative and fit a signed 64-bit integer (reports carry them as JSON integers)."""
+
+
+def _bounded_int(text: str, what: str, low: int, high: int) -> int:
+    """``text`` as an integer in ``[low, high]``, or an argparse error naming it and the range."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what} (an integer from {low} to {high})")
+    return value
+
+
+def _block_id(text: str) -> int:
+    return _bounded_int(text, "a logical block id", 0, 2**31 - 1)
+
+
+def _seed(text: str) -> int:
+    return _bounded_int(text, "a seed", 0, MAX_SEED)
 
 
 def _workers(text: str) -> int:
@@ -436,17 +462,12 @@ def divergent_cases(report: Any, source: str) -> list:
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     _check_writable(args.json)
-    path = Path(args.report)
-    if not path.is_file():
-        raise UsageError(f"report {args.report!r} does not exist")
-    from conformance.report_formats import read_report_text
+    from conformance.report_formats import load_report
 
-    try:
-        report = json.loads(read_report_text(path))
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{args.report}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        raise UsageError(f"{args.report}: cannot read: {exc}") from None
+    # The whole report is input: validated against report.schema.json before any of it is used.
+    report, problem = load_report(args.report)
+    if report is None:
+        raise UsageError(problem)
     cases = divergent_cases(report, args.report)
     if not cases:
         raise NothingRan(f"{args.report} has no divergent cases to replay")
@@ -635,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="the reference layout of a case, for a person")
     p.add_argument("case", help="a named case (see `kvconform list`) or a case JSON file")
     p.add_argument("--runner", choices=("mrv1", "mrv2"), default="mrv1")
-    p.add_argument("--block", type=int, default=1, help="logical block id to locate (default 1)")
+    p.add_argument("--block", type=_block_id, default=None, help="logical block id to locate (default 1, or the last block of a smaller pool)")
     p.add_argument("--html", metavar="FILE", help="also write a page with a picture of the pool and that block's K/V bytes")
     p.set_defaults(func=_cmd_explain)
 
@@ -644,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", action="append", help="keep only cases with a layer on this backend (repeatable)")
     p.add_argument("--model", action="append", help="add a model-zoo architecture (suites/zoo, repeatable), with FLASH_ATTN and FLASHINFER at block 16")
     p.add_argument("--profile", choices=tuple(PROFILE_SAMPLES), default="named", help=f"named: the named cases (default); ci: + {PROFILE_SAMPLES['ci']} seeded random configs; thorough: + {PROFILE_SAMPLES['thorough']}")
-    p.add_argument("--seed", type=int, default=PROJECT_SEED, help="seed of the random configs (profiles ci and thorough) and of the request schedules")
+    p.add_argument("--seed", type=_seed, default=PROJECT_SEED, help="seed of the random configs (profiles ci and thorough) and of the request schedules")
     p.add_argument("--schedules", type=_schedule_count, default=None, metavar="N", help="seeded request schedules per case through each runner's own block tables (default: 2 for the named cases, the profile's otherwise; 0: none)")
     p.add_argument("--workers", type=_workers, default=1, help="observe cases in N processes ('auto': one per CPU); each imports vLLM once (~8 s)")
     p.add_argument("--reference-only", action="store_true", help="report the reference's predictions without vLLM")

@@ -337,6 +337,8 @@ def loads(text: str, source: str = "<expectations>") -> tuple[Expectation, ...]:
         data = toml.loads(text)
     except toml.TOMLDecodeError as exc:
         raise _fail(source, f"not valid TOML: {exc}") from None
+    except RecursionError:
+        raise _fail(source, "TOML nested too deep to be an expectations file (a list of [[expectation]] tables)") from None
     unknown = [k for k in data if k not in _TOP_KEYS]
     if unknown:
         raise _fail(source, f"top-level key {unknown[0]!r} is not one of {', '.join(_TOP_KEYS)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -271,8 +272,11 @@ def _selected(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     unknown = [n for n in names if n not in sc.SCENARIOS]
     if unknown:
         raise UsageError(f"unknown scenario(s) {', '.join(unknown)}; one of {', '.join(sc.SCENARIOS)}")
-    if args.jobs < 1 or args.budget_s <= 0 or args.timeout_s <= 0:
-        raise UsageError("--jobs, --budget-s and --timeout-s must be positive")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs} is not a positive number of parallel runs")
+    for flag, value in (("--budget-s", args.budget_s), ("--timeout-s", args.timeout_s)):
+        if not math.isfinite(value) or value <= 0:
+            raise UsageError(f"{flag} {value!r} is not a positive, finite number of seconds")
     return list(dict.fromkeys(names)), list(dict.fromkeys(args.runner or sc.RUNNERS))
 
 

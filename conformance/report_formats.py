@@ -576,11 +576,18 @@ def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | N
         data = json.loads(read_report_text(path))
     except json.JSONDecodeError as exc:
         return None, f"{report_path}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+    except RecursionError:
+        return None, f"{report_path}: JSON nested too deep to be a kvconform run report"
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         return None, f"{report_path}: cannot read: {exc}"
-    if isinstance(data, dict) and data.get("schema") != SCHEMA_ID:
+    if not isinstance(data, dict):
+        return None, f"{report_path}: a {type(data).__name__}, not a kvconform run report (a JSON object)"
+    if data.get("schema") != SCHEMA_ID:
         return None, f"{report_path}: schema {data.get('schema')!r} is not a kvconform run report ({SCHEMA_ID!r})"
-    errors = validate_report(data)
+    try:
+        errors = validate_report(data)
+    except RecursionError:
+        return None, f"{report_path}: JSON nested too deep to be a kvconform run report"
     if errors:
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
         return None, f"{report_path}: not a valid {SCHEMA_ID} report: {errors[0]}{more}"

@@ -264,6 +264,8 @@ class CaseConfig:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"malformed case JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        except RecursionError:
+            raise ConfigError("case JSON nested too deep to be a case (a case is an object of fields and layers)") from None
         return cls.from_dict(data)
 
     def with_(self, **changes: Any) -> "CaseConfig":

@@ -31,6 +31,13 @@ ROWS = [
     ("schedules-not-a-number", ["run", "--schedules", "two"], None, ["'two' is not a number of schedules"]),
     ("schedules-unbounded", ["run", "--schedules", "1000"], None, ["'1000' is not a number of schedules"]),
     ("zero-sliding-window", ["run", "--reference-only", "--case", "CASE"], BAD_WINDOW, ["sliding"]),
+    ("explain-negative-block", ["explain", "flashinfer-b16", "--block", "-1"], None,
+     ["--block", "'-1' is not a logical block id (an integer from 0 to"]),
+    ("explain-block-past-the-pool", ["explain", "flashinfer-b16", "--block", "99999"], None,
+     ["--block 99999 is outside case flashinfer-b16's pool: logical block ids are 0 to 7"]),
+    ("explain-block-not-a-number", ["explain", "flashinfer-b16", "--block", "1e3"], None, ["'1e3' is not a logical block id"]),
+    ("seed-negative", ["run", "--reference-only", "--seed", "-4"], None, ["--seed", "'-4' is not a seed"]),
+    ("seed-past-64-bits", ["run", "--reference-only", "--seed", str(2**64)], None, ["is not a seed (an integer from 0 to"]),
 ]
 
 
@@ -202,3 +209,39 @@ def test_release_env_refuses_a_bad_version_in_one_line(version: str) -> None:
     out = subprocess.run(["bash", "scripts/release_env.sh", version], cwd=ROOT, capture_output=True, text=True, timeout=30)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 4 and len(lines) == 1 and "usage: bash scripts/release_env.sh VERSION" in lines[0], out.stderr
+
+
+def _report_with_a_numbered_case() -> dict:
+    """A published report whose one divergence names its case with a number (schema: a string)."""
+    report = json.loads((Path(__file__).resolve().parents[2] / "reports" / "vllm-0.33.0-cpu-named-cases.json").read_text())
+    runner = report["results"][0]["runners"]["mrv1"]
+    runner["status"] = "fail"
+    runner["divergences"] = [{"kind": "layout", "case": 7, "runner": "mrv1", "field": "layout", "expected": "LBNHC",
+                              "observed": "LBHNC", "message": "m", "expected_by": None}]
+    return report
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize(("args", "content", "words"), [
+    (["replay", "FILE"], DEEP, "nested too deep"),
+    (["report", "FILE"], DEEP, "nested too deep"),
+    (["replay", "FILE"], "REPORT", "divergences[0].case: 7 is an integer, expected string"),
+    (["report", "FILE"], "REPORT", "divergences[0].case: 7 is an integer, expected string"),
+    (["replay", "FILE"], "[1, 2]", "a list, not a kvconform run report"),
+    (["explain", "FILE"], DEEP, "case JSON nested too deep"),
+    (["run", "--reference-only", "--case", "FILE"], DEEP, "case JSON nested too deep"),
+    (["run", "--case", "flashinfer-b16", "--expectations", "TOML"], "x = " + DEEP + "\n", "TOML nested too deep"),
+], ids=["replay-deep", "report-deep", "replay-wrong-type", "report-wrong-type", "replay-not-an-object", "explain-deep-case",
+        "run-deep-case", "deep-expectations"])
+def test_every_file_read_is_validated_whole(tmp_path: Path, args: list[str], content: str, words: str) -> None:
+    """Reports, case files and expectations files are input: one line, exit 4, never an internal
+    error, never exit 0 (a report is checked against report.schema.json before any of it is used)."""
+    text = json.dumps(_report_with_a_numbered_case()) if content == "REPORT" else content
+    path = tmp_path / ("e.toml" if "TOML" in args else "f.json")
+    path.write_text(text)
+    out = kvconform(*[str(path) if a in ("FILE", "TOML") else a for a in args])
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 4 and len(lines) == 1, (out.returncode, out.stderr[-800:])
+    assert words in lines[0] and "internal error" not in lines[0], lines[0]

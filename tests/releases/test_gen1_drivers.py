@@ -33,3 +33,22 @@ def test_each_runner_conforms_and_only_42846_splits_them(case) -> None:
         assert predicted and all(d.expected[0] == 2 * d.observed[0] for d in mismatches if d.field.endswith(".shape"))
     elif not before_fix:
         assert mismatches == (), [d.message for d in mismatches]
+
+
+@pytest.mark.parametrize("case", release_cases()[:4], ids=lambda c: c.name)
+def test_the_contract_sees_vllms_own_pages_and_storages(case) -> None:
+    """The generation-1 driver reports what the contract holds views to (vLLM's own spec
+    objects' page sizes, the storages): it holds, and a page size one spec would not report
+    is caught by the contract alone."""
+    import dataclasses
+
+    from conformance.checks.contract import contract_divergences
+    from gpu_impl.vllm_cpu.planning import observe
+
+    observation = observe(case, "mrv1")
+    if observation.error:
+        pytest.skip(f"vLLM {installed_version()} refuses {case.name}: {observation.error}")
+    assert set(observation.page_bytes) == set(observation.registered) == set(observation.storage_of)
+    assert contract_divergences(case, "mrv1", observation) == []
+    doubled = dataclasses.replace(observation, page_bytes={n: (2 * real, 2 * padded) for n, (real, padded) in observation.page_bytes.items()})
+    assert {d.kind for d in contract_divergences(case, "mrv1", doubled)} >= {"page_bytes"}

@@ -674,6 +674,9 @@ def test_cli_usage_and_list():
 
     assert cli.main(["--scenario", "no-such-scenario"]) == 4
     assert cli.main(["--jobs", "0"]) == 4
+    for flag in ("--budget-s", "--timeout-s"):
+        for value in ("nan", "inf", "-1", "0"):
+            assert cli.main([flag, value]) == 4, (flag, value)
     assert cli.main(["--bogus-flag"]) == 4
     assert cli.main(["--list"]) == 0
 
