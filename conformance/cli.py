@@ -277,15 +277,19 @@ def _seed(text: str) -> int:
     return _bounded_int(text, "a seed", 0, MAX_SEED)
 
 
+MAX_WORKERS = 64
+"""Worker processes at most (each imports vLLM, ~1 GB): memory stays bounded whatever is asked."""
+
+
 def _workers(text: str) -> int:
     if text == "auto":
-        return os.cpu_count() or 1
+        return min(os.cpu_count() or 1, MAX_WORKERS)
     try:
         value = int(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of workers or 'auto'")
+    if not 1 <= value <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of workers from 1 to {MAX_WORKERS} or 'auto'")
     return value
 
 

@@ -218,15 +218,15 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
             partial["registered"] = {layer.name: _view(views[layer.name]) for layer in case.layers if layer.name in views}
             # What the contract holds the views to: vLLM's own spec objects' page sizes and
             # dtypes, the kernel block sizes each backend declares, which storage each view is in.
-            from gpu_impl.vllm_cpu import planning
+            from gpu_impl.vllm_cpu import spec_facts
 
-            partial["page_bytes"] = planning._page_bytes(kcc)
-            partial["spec_dtypes"] = planning._spec_dtypes(kcc)
+            partial["page_bytes"] = spec_facts.page_bytes(kcc)
+            partial["spec_dtypes"] = spec_facts.spec_dtypes(kcc)
             try:
-                partial["supported_kernel_block_sizes"] = planning._supported_kernel_block_sizes(kcc, backends)
+                partial["supported_kernel_block_sizes"] = spec_facts.supported_kernel_block_sizes(kcc, backends)
             except AttributeError:
                 pass  # a release whose backends declare no kernel block sizes: not judged
-            partial["storage_of"] = planning._storage_numbers({n: views[n] for n in partial["registered"]})
+            partial["storage_of"] = spec_facts.storage_numbers({n: views[n] for n in partial["registered"]})
             if on_registered is not None:
                 stage = "connector"
                 on_registered(RegisteredKV(vc, kcc, backends, kernel_block_sizes,

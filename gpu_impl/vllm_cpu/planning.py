@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator, NamedTuple
 
-from gpu_impl.vllm_cpu import shims
+from gpu_impl.vllm_cpu import shims, spec_facts
 from gpu_impl.vllm_cpu.registration import RegisteredKV
 
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
@@ -464,9 +464,9 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             ),
             num_blocks=kv_cache_config.num_blocks,
             bytes_per_block=bytes_per_block,
-            page_bytes=_page_bytes(kv_cache_config),
-            spec_dtypes=_spec_dtypes(kv_cache_config),
-            supported_kernel_block_sizes=_supported_kernel_block_sizes(kv_cache_config, backends),
+            page_bytes=spec_facts.page_bytes(kv_cache_config),
+            spec_dtypes=spec_facts.spec_dtypes(kv_cache_config),
+            supported_kernel_block_sizes=spec_facts.supported_kernel_block_sizes(kv_cache_config, backends),
             tensors=tuple(
                 TensorObs(t.size, tuple(t.layers), t.layer_stride, t.block_stride, t.offset)
                 for t in kv_cache_config.kv_cache_tensors
@@ -637,7 +637,7 @@ def _observe_runner_state(runner, instance, layers, recorder, result) -> None:
         result["builder_kernel_block_sizes"] = builders
     if recorder.registered is not None:
         result["registered"] = {name: _view(t) for name, t in recorder.registered.items()}
-        result["storage_of"] = _storage_numbers(recorder.registered)
+        result["storage_of"] = spec_facts.storage_numbers(recorder.registered)
         bound = runners.bound_caches(layers)
         result["bound_shapes"] = {name: tuple(ts[0].shape) for name, ts in bound.items()}
         result["bound_outside_registered"] = _bound_outside_registered(bound, recorder.registered)
@@ -648,53 +648,14 @@ def _observe_runner_state(runner, instance, layers, recorder, result) -> None:
         }
 
 
-def _storage_numbers(registered) -> dict[str, int]:
-    """Per layer, which storage its registered view lives in (numbered by first appearance)."""
-    numbers: dict[int, int] = {}
-    return {name: numbers.setdefault(t.untyped_storage()._cdata, len(numbers)) for name, t in registered.items()}
 
 
-def _layer_specs(kv_cache_config):
-    """``(layer name, its own spec)`` for every layer of every group."""
-    for group in kv_cache_config.kv_cache_groups:
-        per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
-        for name in group.layer_names:
-            yield name, (per_layer.get(name, group.kv_cache_spec) if isinstance(per_layer, dict) else group.kv_cache_spec)
 
 
-def _spec_dtypes(kv_cache_config) -> dict[str, str]:
-    """Per attention layer, its spec's dtype (Mamba specs hold a tuple of state dtypes: left out)."""
-    import torch
-
-    return {name: _dtype_name(spec.dtype) for name, spec in _layer_specs(kv_cache_config)
-            if isinstance(getattr(spec, "dtype", None), torch.dtype)}
 
 
-def _supported_kernel_block_sizes(kv_cache_config, backends) -> dict[str, tuple[int | str, ...]]:
-    """Per attention layer, the kernel block sizes its backend declares for its spec."""
-    out: dict[str, tuple[int | str, ...]] = {}
-    for name, spec in _layer_specs(kv_cache_config):
-        backend = backends.get(name)
-        if backend is None or not hasattr(spec, "dtype"):
-            continue
-        try:
-            declared = backend.get_supported_kernel_block_sizes(spec)
-        except TypeError:  # releases whose method takes no spec
-            declared = backend.get_supported_kernel_block_sizes()
-        out[name] = tuple(s if isinstance(s, int) else f"*{getattr(s, 'base', 1)}" for s in declared)
-    return out
 
 
-def _page_bytes(kv_cache_config) -> dict[str, tuple[int, int]]:
-    """Per layer, its spec's ``(real_page_size_bytes, page_size_bytes)`` as vLLM reports them."""
-    out: dict[str, tuple[int, int]] = {}
-    for group in kv_cache_config.kv_cache_groups:
-        per_layer = getattr(group.kv_cache_spec, "kv_cache_specs", None)
-        for name in group.layer_names:
-            spec = per_layer.get(name, group.kv_cache_spec) if isinstance(per_layer, dict) else group.kv_cache_spec
-            padded = spec.page_size_bytes
-            out[name] = (getattr(spec, "real_page_size_bytes", padded), padded)
-    return out
 
 
 def _bound_outside_registered(bound, registered) -> tuple[str, ...]:
@@ -729,7 +690,7 @@ def _initialize_through_shared_functions(kv_cache_config, layout, backends, laye
     with _stage("allocate"):
         kv_caches = allocate_kv_cache(kv_cache_config, torch.device(device), layout, kernel_block_sizes)
     result["registered"] = {name: _view(t) for name, t in kv_caches.items()}
-    result["storage_of"] = _storage_numbers(kv_caches)
+    result["storage_of"] = spec_facts.storage_numbers(kv_caches)
     result["builder_kernel_block_sizes"] = None
     result["bound_shapes"] = None
     return kv_caches

@@ -331,9 +331,13 @@ class _MRv2Schedule:
         loaded): stand-ins that record the slot mapping of each forward's draft layers.
         None of the requests' tokens is rejected."""
         import torch
-        from vllm.config.compilation import CUDAGraphMode
-        from vllm.v1.worker.gpu.input_batch import InputBuffers
-        from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as ar
+
+        try:  # releases before 0.33 keep their speculators elsewhere: _drafting says so, per step
+            from vllm.config.compilation import CUDAGraphMode
+            from vllm.v1.worker.gpu.input_batch import InputBuffers
+            from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as ar
+        except ImportError:
+            raise
 
         spec, runner = self.speculator, self.instance
         layers = sorted(spec.draft_attn_layer_names)
@@ -394,7 +398,7 @@ def _drafting(who: str, run) -> dict[str, Any]:
     step's own tables and slots are still observed and judged."""
     try:
         return {"draft_steps": run()}
-    except (AttributeError, TypeError) as exc:
+    except (AttributeError, TypeError, ImportError) as exc:
         return {"draft_steps_unsupported": f"{who}'s draft steps not reachable: {type(exc).__name__}: {exc}"}
 
 

@@ -36,6 +36,9 @@ ROWS = [
     ("explain-block-past-the-pool", ["explain", "flashinfer-b16", "--block", "99999"], None,
      ["--block 99999 is outside case flashinfer-b16's pool: logical block ids are 0 to 7"]),
     ("explain-block-not-a-number", ["explain", "flashinfer-b16", "--block", "1e3"], None, ["'1e3' is not a logical block id"]),
+    ("workers-unbounded", ["run", "--reference-only", "--workers", "100000"], None,
+     ["'100000' is not a number of workers from 1 to 64 or 'auto'"]),
+    ("workers-zero", ["run", "--reference-only", "--workers", "0"], None, ["'0' is not a number of workers"]),
     ("seed-negative", ["run", "--reference-only", "--seed", "-4"], None, ["--seed", "'-4' is not a seed"]),
     ("seed-past-64-bits", ["run", "--reference-only", "--seed", str(2**64)], None, ["is not a seed (an integer from 0 to"]),
 ]
@@ -229,7 +232,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
     (["report", "FILE"], DEEP, "nested too deep"),
     (["replay", "FILE"], "REPORT", "divergences[0].case: 7 is an integer, expected string"),
     (["report", "FILE"], "REPORT", "divergences[0].case: 7 is an integer, expected string"),
-    (["replay", "FILE"], "[1, 2]", "a list, not a kvconform run report"),
+    (["replay", "FILE"], "[1, 2]", "$: [1, 2] is an array, expected object"),
     (["explain", "FILE"], DEEP, "case JSON nested too deep"),
     (["run", "--reference-only", "--case", "FILE"], DEEP, "case JSON nested too deep"),
     (["run", "--case", "flashinfer-b16", "--expectations", "TOML"], "x = " + DEEP + "\n", "TOML nested too deep"),

