@@ -206,7 +206,8 @@ def test_assert_conforms_failure_message(pytester: pytest.Pytester) -> None:
             # One more block and the views no longer count num_blocks x 2 kernel blocks: the contract.
             "E*  kernel_blocks: *a dimension of 10 kernel blocks: observed (*) vs expected 10 [[]contract[]]",
             "E*  kernel_blocks: *",
-            "E*  layout: layout: observed '*' vs expected '*'",
+            # "[drift]" after each fact's divergence where the installed vLLM is an unreleased build.
+            "E*  layout: layout: observed '*' vs expected '*'*",
             "E*  num_blocks: num_blocks: observed * vs expected *",
             "E*seed: 5 (profile ci)",
             "E*config: {*}",
