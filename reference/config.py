@@ -430,6 +430,12 @@ def step_token_layout(step: Mapping[str, Any]) -> tuple[list[int], list[int], li
     return qsl, positions, qsl_all, positions_all
 
 
+def last_positions(step: Mapping[str, Any]) -> list[int]:
+    """Per batch request, in batch order, its last scheduled position: where the token a
+    draft step follows was sampled."""
+    return [pos[-1] if pos else 0 for _, pos in step["batch"]]
+
+
 def first_positions(step: Mapping[str, Any]) -> dict[Any, int]:
     """``num_computed_tokens`` per batch request: its first scheduled position."""
     return {req: (pos[0] if pos else 0) for req, pos in step["batch"]}

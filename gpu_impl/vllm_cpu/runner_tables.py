@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from typing import Any, Mapping, Sequence
 
 from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _tolist, observe_tables
-from reference.config import ScenarioError, first_positions, normalize_scenario, step_token_layout
+from reference.config import ScenarioError, first_positions, last_positions, normalize_scenario, step_token_layout
 
 Result = dict[str, Any]
 
@@ -200,7 +200,7 @@ class _MRv1Schedule:
         gid = int(drafter.kv_cache_gid)
         if not 0 <= gid < len(tables):
             return []
-        last = [pos[-1] if pos else 0 for _, pos in step["batch"]]
+        last = last_positions(step)
         n = len(last)
         positions = torch.tensor(last, dtype=torch.int64)
         common = SimpleNamespace(block_table_tensor=tables[gid],
@@ -210,9 +210,9 @@ class _MRv1Schedule:
         for _ in range(count):
             positions = drafter._update_positions_dependent_metadata(positions, common, n, n, drafter.block_size)
             # What the draft layers write through (the forward context's slot mapping).
-            given = drafter._get_slot_mapping(n)
+            given = drafter._get_slot_mapping(n)  # one view of the buffer for every draft layer
             out.append({"group": gid, "positions": _tolist(positions[:n]),
-                        "slot_mapping": _tolist(given[min(given)] if given else common.slot_mapping[:n])})
+                        "slot_mapping": _tolist(next(iter(given.values()), common.slot_mapping[:n]))})
         return out
 
 
@@ -332,7 +332,9 @@ class _MRv2Schedule:
         None of the requests' tokens is rejected."""
         import torch
 
-        try:  # releases before 0.33 keep their speculators elsewhere: _drafting says so, per step
+        # Optional imports (gpu_impl.vllm_api skips imports under an ImportError handler): releases
+        # before 0.33 keep their speculators elsewhere, and _drafting says so, per step.
+        try:
             from vllm.config.compilation import CUDAGraphMode
             from vllm.v1.worker.gpu.input_batch import InputBuffers
             from vllm.v1.worker.gpu.spec_decode.target_dependent_ar import speculator as ar
@@ -346,7 +348,7 @@ class _MRv2Schedule:
         if gid is None:
             return []
         n, hidden = len(idx), 8
-        last = [pos[-1] if pos else 0 for _, pos in step["batch"]]
+        last = last_positions(step)
         # What DraftModelSpeculator / TargetDependentARSpeculator.__init__ allocate, for
         # count + 1 speculative steps and a hidden size of ``hidden``.
         spec.input_buffers = InputBuffers(max_num_reqs=int(spec.max_num_reqs), max_num_tokens=int(spec.max_num_tokens),

@@ -13,11 +13,11 @@ parameters the runners derive from each KV cache group's spec. Pure Python.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from reference.releases import MRV2_SLIDING_WINDOW_REACH, holds
 from reference.block_tables._common import PAD_SLOT_ID as PAD_SLOT, get_block_table_width
-from reference.block_tables.drafts import draft_step_mrv1, draft_step_mrv2
+from reference.block_tables.drafts import DraftStep, draft_step_mrv1, draft_step_mrv2
 from reference.block_tables.kernel import map_to_kernel_block_table
 from reference.block_tables.mrv1 import MRv1MultiGroupBlockTable
 from reference.block_tables.mrv2 import MRv2BlockTables
@@ -35,7 +35,7 @@ from reference.block_tables.schedules import (
     mrv2_step_order,
 )
 from reference.errors import ConfigError
-from reference.config import first_positions, normalize_scenario, step_token_layout
+from reference.config import first_positions, last_positions, normalize_scenario, step_token_layout
 
 if TYPE_CHECKING:
     from reference.derive import Derivation
@@ -111,14 +111,11 @@ class _MRv1Model:
         no DCP size or rank (the contract's ``slot_address`` says what that breaks)."""
         d = self.draft
         B, width = self.groups[d["group"]]["block_size"], self.widths[d["group"]]
-        state = [(pos[-1] if pos else 0, (pos[-1] if pos else 0) + 1) for _, pos in step["batch"]]
         out = []
-        for _ in range(d["steps"]):
-            moved = [draft_step_mrv1(p, s, d["max_model_len"]) for p, s in state]
+        for moved in _draft_moves(step, d, draft_step_mrv1):
             slots = [PAD_SLOT if m.pad_slot else rows[i][min(m.position // B, width - 1)] * B + m.position % B
                      for i, m in enumerate(moved)]
             out.append({"group": d["group"], "positions": [m.position for m in moved], "slot_mapping": slots})
-            state = [(m.position, m.seq_len) for m in moved]
         return out
 
 
@@ -164,15 +161,22 @@ class _MRv2Model:
         ``max_model_len - 1`` (``draft_step_mrv2``, D15), one token per request, its slot
         as the forward's (DCP included), in the drafter's group."""
         d = self.draft
-        state = [(pos[-1] if pos else 0, (pos[-1] if pos else 0) + 1) for _, pos in step["batch"]]
         n, out = len(idx), []
-        for _ in range(d["steps"]):
-            moved = [draft_step_mrv2(p, s, d["max_model_len"]) for p, s in state]
+        for moved in _draft_moves(step, d, draft_step_mrv2):
             positions = [m.position for m in moved]
             slots = self.tables.compute_slot_mappings(list(idx), list(range(n + 1)), positions, n)[d["group"]]
             out.append({"group": d["group"], "positions": positions, "slot_mapping": list(slots[:n])})
-            state = [(m.position, m.seq_len) for m in moved]
         return out
+
+
+def _draft_moves(step: Mapping[str, Any], draft: Mapping[str, int], move) -> Iterator[list[DraftStep]]:
+    """Each draft step's ``DraftStep`` per batch request, ``move`` (a runner's rule) applied
+    from the last scheduled position and the seq len after it."""
+    state = [(p, p + 1) for p in last_positions(step)]
+    for _ in range(draft["steps"]):
+        moved = [move(p, s, draft["max_model_len"]) for p, s in state]
+        yield moved
+        state = [(m.position, m.seq_len) for m in moved]
 
 
 _MODELS = {"mrv1": _MRv1Model, "mrv2": _MRv2Model}
