@@ -12,6 +12,7 @@ from conformance.checks.runners import compare_runners
 from reference.config import CaseConfig
 from reference.derive import Derivation, derive
 from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.specs import vllm_spec_class
 
 
 def derivation_summary(d: Derivation) -> dict[str, Any]:
@@ -102,7 +103,7 @@ def _facts(case: CaseConfig, runner: str) -> Any:
     if case.generation == 1:
         return SimpleNamespace(
             error=None, unsupported=None, fidelity="reference", layout=d.layout, num_blocks=d.num_blocks, bytes_per_block=None,
-            groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size) for g in d.groups),
+            groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size, spec_type=vllm_spec_class(g.spec)) for g in d.groups),
             tensors=(), kernel_block_sizes=tuple(d.kernel_block_sizes), registered=d.registered,
             layer_backends=dict(d.layer_backends),
         )
@@ -111,7 +112,7 @@ def _facts(case: CaseConfig, runner: str) -> Any:
         unsupported=None,
         fidelity="reference",
         layout=d.layout.name,
-        groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size) for g in d.groups),
+        groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size, spec_type=vllm_spec_class(g.spec)) for g in d.groups),
         num_blocks=d.num_blocks,
         bytes_per_block=d.plan.bytes_per_block,
         tensors=d.plan.tensors,

@@ -24,7 +24,12 @@ LAYER_KINDS = (
     "sliding_window_mla",
     "cross",
     "mamba",
+    "rswa",
+    "prefix_lm",
 )
+"""Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
+``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
+tokens), ``prefix_lm`` is ``PrefillPrefixLMAttention`` (a non-causal ``FullAttentionSpec``)."""
 CONNECTORS = ("nixl", "mooncake", "offloading", "lmcache")
 MAMBA_CACHE_MODES = ("none", "align")
 """``CacheConfig.mamba_cache_mode`` values (vllm/config/cache.py ``MambaCacheMode``)."""
@@ -81,6 +86,8 @@ class LayerConfig:
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     sink_len: int | None = None
+    rswa_window: int | None = None
+    """``RSWAAttention(rswa_window=...)``: the generated tokens an R-SWA layer keeps (kind ``rswa``)."""
     mamba_shapes: tuple[tuple[int, ...], ...] = ()
     mamba_dtypes: tuple[str, ...] = ()
     is_draft: bool = False
@@ -97,7 +104,7 @@ class LayerConfig:
         _int(owner, "num_kv_heads", self.num_kv_heads, 1, MAX_HEADS)
         _int(owner, "head_size", self.head_size, 1, MAX_HEAD_SIZE)
         _optional_int(owner, "head_size_v", self.head_size_v, 1, MAX_HEAD_SIZE)
-        for attr in ("sliding_window", "attention_chunk_size"):
+        for attr in ("sliding_window", "attention_chunk_size", "rswa_window"):
             _optional_int(owner, attr, getattr(self, attr), 1, MAX_TOKENS)
         _optional_int(owner, "sink_len", self.sink_len, 0, MAX_TOKENS)
         _flag(owner, "is_draft", self.is_draft)
@@ -121,6 +128,10 @@ class LayerConfig:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs sliding_window > 0")
         if self.kind == "chunked_local" and not self.attention_chunk_size:
             raise ConfigError(f"layer {self.name!r}: kind 'chunked_local' needs attention_chunk_size > 0")
+        if self.kind == "rswa" and not self.rswa_window:
+            raise ConfigError(f"layer {self.name!r}: kind 'rswa' needs rswa_window > 0")
+        if self.rswa_window is not None and self.kind != "rswa":
+            raise ConfigError(f"layer {self.name!r}: rswa_window {self.rswa_window!r} is only for kind 'rswa', not {self.kind!r}")
         if self.kind == "mamba" and not self.mamba_shapes:
             raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes")
 

@@ -32,6 +32,8 @@ _KIND = {
     "mla": SpecKind.MLA,
     "sliding_window_mla": SpecKind.SLIDING_WINDOW_MLA,
     "cross": SpecKind.CROSS,
+    "rswa": SpecKind.RSWA,
+    "prefix_lm": SpecKind.FULL,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -249,6 +251,9 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         sliding_window=layer.sliding_window,
         attention_chunk_size=layer.attention_chunk_size,
         sink_len=layer.sink_len,
+        rswa_window=layer.rswa_window,
+        # PrefillPrefixLMAttention.get_kv_cache_spec: the decoder spec with non_causal=True.
+        non_causal=layer.kind == "prefix_lm",
         is_draft=layer.is_draft,
     )
     if kind.is_mla:

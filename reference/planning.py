@@ -75,27 +75,50 @@ class KVCachePlan:
 # --- grouping -----------------------------------------------------------------------
 
 
-def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
-    """``KVCacheSpec.merge``: all equal (``is_draft`` excluded) or nothing.
+_FULL_ATTENTION_CLASSES = (SpecKind.FULL, SpecKind.SINK_FULL, SpecKind.RSWA)
+"""``FullAttentionSpec`` and its non-MLA subclasses (``SinkFullAttentionSpec``, ``RSWASpec``):
+what ``FullAttentionSpec.merge``'s ``isinstance`` check admits."""
 
-    Full-attention and MLA specs merge like ``FullAttentionSpec.merge`` /
-    ``MLAAttentionSpec.merge``: the window and chunk size a promoted local layer keeps
-    are not part of the comparison (full: at most one of each, not both; MLA drops them).
+
+def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
+    """``specs[0].merge(specs)`` as ``is_kv_cache_spec_uniform`` calls it: the merged spec, or
+    None where vLLM's merge asserts (the specs are not uniform).
+
+    Specs that are all equal (``is_draft`` excluded) merge to the first. Otherwise the first
+    spec's class decides, as in ``vllm/v1/kv_cache_interface.py``:
+
+    - ``FullAttentionSpec.merge`` (also ``SinkFullAttentionSpec``'s, and ``RSWASpec``'s once every
+      spec is R-SWA with one window) admits any full-attention class, compares only the fields
+      of ``AttentionSpec`` (not the window, chunk, sinks, R-SWA window or ``non_causal``) and
+      builds the *first* spec's class: a causal full first spec makes a later sink, R-SWA or
+      Prefix-LM layer plain full attention; ``non_causal`` is any layer's. At most one window and
+      one chunk size, never both.
+    - ``MLAAttentionSpec.merge``: every spec MLA, differing only in a promoted local layer's
+      window or chunk, which it drops.
     """
     first = specs[0]
     if all(s == first for s in specs):
         return first
-    if not (isinstance(first, AttentionSpec) and first.kind in (SpecKind.FULL, SpecKind.MLA)):
-        return None
-    if not all(isinstance(s, AttentionSpec) and s.kind is first.kind for s in specs):
-        return None
-    if all(s.sliding_window is None and s.attention_chunk_size is None for s in specs):
-        return None  # only promoted local layers carry these: nothing left to ignore
-    bare = [replace(s, sliding_window=None, attention_chunk_size=None) for s in specs]
-    if not all(b == bare[0] for b in bare):
+    if not isinstance(first, AttentionSpec) or not all(isinstance(s, AttentionSpec) for s in specs):
         return None
     if first.kind is SpecKind.MLA:
-        return bare[0]
+        if not all(s.kind is SpecKind.MLA for s in specs):
+            return None
+        bare = [replace(s, sliding_window=None, attention_chunk_size=None) for s in specs]
+        return bare[0] if all(b == bare[0] for b in bare) else None
+    if first.kind not in _FULL_ATTENTION_CLASSES:
+        return None
+    if first.kind is SpecKind.RSWA and not all(
+        s.kind is SpecKind.RSWA and s.rswa_window == first.rswa_window for s in specs
+    ):
+        return None  # RSWASpec.merge: "All attention layers ... must be RSWASpec", one rswa_window
+    if not all(s.kind in _FULL_ATTENTION_CLASSES for s in specs):
+        return None  # FullAttentionSpec.merge: isinstance(spec, FullAttentionSpec), MLA excluded
+    own = dict(kind=SpecKind.FULL, sliding_window=None, attention_chunk_size=None, sink_len=None,
+               rswa_window=None, non_causal=False)
+    bare = [replace(s, **own) for s in specs]
+    if not all(b == bare[0] for b in bare):
+        return None  # an AttentionSpec field differs
     windows = {s.sliding_window for s in specs if s.sliding_window is not None}
     chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
     if len(windows) > 1 or len(chunks) > 1:
@@ -105,7 +128,15 @@ def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
         )
     if windows and chunks:
         return None  # "Model with both sliding window layers and chunked local attention layers"
-    return replace(bare[0], sliding_window=next(iter(windows), None), attention_chunk_size=next(iter(chunks), None))
+    return replace(
+        bare[0],
+        kind=first.kind,
+        sink_len=first.sink_len if first.kind is SpecKind.SINK_FULL else None,
+        rswa_window=first.rswa_window,
+        sliding_window=next(iter(windows), None),
+        attention_chunk_size=next(iter(chunks), None),
+        non_causal=any(s.non_causal for s in specs),
+    )
 
 
 def unify_page_size(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:

@@ -43,6 +43,10 @@ class SpecKind(str, enum.Enum):
     ENCODER_ONLY = "encoder_only_attention"
     CROSS = "cross_attention"
     MAMBA = "mamba"
+    RSWA = "rswa"
+    """``RSWASpec``: vLLM reports it as ``full_attention`` (``KVCacheSpecRegistry.get_kind``
+    matches it as a ``FullAttentionSpec``), but it is its own class, so it never equals a
+    full-attention spec and gets its own manager (``RSWAManager``)."""
 
     @property
     def is_mla(self) -> bool:
@@ -51,7 +55,7 @@ class SpecKind(str, enum.Enum):
     @property
     def uniform_type_base(self) -> str:
         """``KVCacheSpecRegistry.get_uniform_type_base_spec``: MLA and sinks count as full."""
-        if self in (SpecKind.FULL, SpecKind.MLA, SpecKind.SINK_FULL):
+        if self in (SpecKind.FULL, SpecKind.MLA, SpecKind.SINK_FULL, SpecKind.RSWA):
             return "full"
         return self.value
 
@@ -81,6 +85,11 @@ class AttentionSpec:
     sliding_window: int | None = None
     attention_chunk_size: int | None = None
     sink_len: int | None = None
+    rswa_window: int | None = None
+    """``RSWASpec.rswa_window``; None for every other kind."""
+    non_causal: bool = False
+    """``FullAttentionSpec.non_causal`` (``PrefillPrefixLMAttention``): part of equality in vLLM,
+    so a non-causal layer never shares a spec with a causal one; the layout is unchanged."""
     page_size_padded: int | None = None
     num_head_slots: int | None = None
     state_content_bytes: int | None = None
@@ -321,6 +330,29 @@ class UniformTypeSpecs:
 
 
 GroupSpec = Union[AttentionSpec, MambaSpec, UniformTypeSpecs]
+
+
+_VLLM_CLASS = {
+    SpecKind.FULL: "FullAttentionSpec",
+    SpecKind.MLA: "MLAAttentionSpec",
+    SpecKind.SLIDING_WINDOW: "SlidingWindowSpec",
+    SpecKind.SLIDING_WINDOW_MLA: "SlidingWindowMLASpec",
+    SpecKind.CHUNKED_LOCAL: "ChunkedLocalAttentionSpec",
+    SpecKind.SINK_FULL: "SinkFullAttentionSpec",
+    SpecKind.ENCODER_ONLY: "EncoderOnlyAttentionSpec",
+    SpecKind.CROSS: "CrossAttentionSpec",
+    SpecKind.MAMBA: "MambaSpec",
+    SpecKind.RSWA: "RSWASpec",
+}
+
+
+def vllm_spec_class(group_spec: "GroupSpec") -> str:
+    """The name of the ``vllm/v1/kv_cache_interface.py`` class a group's spec is: it picks the
+    group's manager (``KVCacheSpecRegistry``), so a layer merged into another class's group
+    (an R-SWA or sink layer after a causal full one) loses its own manager."""
+    if isinstance(group_spec, UniformTypeSpecs):
+        return "UniformTypeKVCacheSpecs"
+    return _VLLM_CLASS[group_spec.kind]
 
 
 def layer_spec_of(group_spec: GroupSpec, layer: str) -> LayerSpec:

@@ -276,6 +276,42 @@ def _build() -> dict[str, CaseConfig]:
                    note="ROCM_ATTN's default layout: K and V in two head slots, every head of a token in the last dim."),
         CaseConfig("rocm-aiter-fa-b16", _qwen3_like(backend="ROCM_AITER_FA"), block_size=16, num_blocks=8,
                    note="ROCM_AITER_FA prefers the head-major LBHNC layout (get_required_kv_cache_layout), K then V in the last dim."),
+        # KV cache kinds of vLLM 0.33 beyond the generic layers (issue 24; docs/kv-cache-kinds.md).
+        CaseConfig(
+            "rswa-flashinfer-b128-k64",
+            _qwen3_like(4, kind="rswa", rswa_window=1024, backend="FLASHINFER", num_kv_heads=4),
+            block_size=128,
+            num_blocks=4,
+            note="DeepSeek-V2-style R-SWA (RSWAAttention: prefill kept, 1024 generated tokens): its own "
+            "RSWASpec group, 128-token blocks viewed as FlashInfer's 64-token kernel blocks.",
+        ),
+        CaseConfig(
+            "rswa-after-full",
+            _qwen3_like(1) + uniform_layers(2, start=1, kind="rswa", rswa_window=256, num_kv_heads=8, head_size=128),
+            block_size=16,
+            num_blocks=8,
+            note="A causal full layer first, then R-SWA layers of the same geometry: is_kv_cache_spec_uniform "
+            "calls the first spec's FullAttentionSpec.merge, which admits any FullAttentionSpec subclass, so "
+            "the model gets one plain FullAttentionSpec group and the R-SWA layers no RSWAManager "
+            "(vllm/v1/kv_cache_interface.py; R-SWA first gives a UniformTypeKVCacheSpecs group instead).",
+        ),
+        CaseConfig(
+            "prefix-lm-fa-b16",
+            _qwen3_like(4, kind="prefix_lm"),
+            block_size=16,
+            num_blocks=8,
+            note="PaliGemma-style Prefix-LM (PrefillPrefixLMAttention): a non-causal FullAttentionSpec, "
+            "laid out as a causal one, on the encoder-only backend wrapper of FLASH_ATTN.",
+        ),
+        CaseConfig(
+            "prefix-lm+draft-b16",
+            _qwen3_like(2, kind="prefix_lm")
+            + (LayerConfig("draft.layers.2.attn", num_kv_heads=8, head_size=128, is_draft=True),),
+            block_size=16,
+            num_blocks=8,
+            note="A Prefix-LM target with a causal Eagle draft of the same geometry: one group whose merged "
+            "spec is non-causal (FullAttentionSpec.merge takes any layer's non_causal).",
+        ),
         CaseConfig(
             "gqa+draft-attention-backend-b128",
             _qwen3_like(backend="TRITON_ATTN")

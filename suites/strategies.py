@@ -37,9 +37,15 @@ FAMILIES = (
     "chunked_local_hybrid",
     "sink",
     "encoder_decoder",
+    "rswa",
+    "prefix_lm",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
-chunked local attention, static-sink attention and encoder-decoder cross attention."""
+chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
+R-SWA attention (``RSWAAttention``, after a causal full layer half the time: vLLM's merge
+then makes the group plain full attention) and Prefix-LM attention
+(``PrefillPrefixLMAttention``, with a causal draft half the time). A seeded profile's configs
+are a function of its seed and of this list: adding a family redraws them."""
 
 
 def _parallel(pick: Callable[[Sequence[Any]], Any], family: str) -> tuple[int, int, int]:
@@ -139,6 +145,18 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     elif family == "sink":
         sink_len = pick((16, 128))
         layers = [attention(f"model.layers.{i}.self_attn.attn", "sink_full", sink_len=sink_len) for i in range(n)]
+    elif family == "rswa":
+        window = pick((256, 4096))
+        first_full = pick((False, True))
+        layers = [
+            attention(f"model.layers.{i}.self_attn.attn") if first_full and i == 0
+            else attention(f"model.layers.{i}.self_attn.attn", "rswa", rswa_window=window)
+            for i in range(n)
+        ]
+    elif family == "prefix_lm":
+        layers = [attention(f"model.layers.{i}.self_attn.attn", "prefix_lm") for i in range(n)]
+        if pick((False, True)):
+            layers.append(attention("draft.layers.0.attn", cache_dtype="auto", is_draft=True))
     elif family == "encoder_decoder":
         layers = [
             attention(f"model.decoder.layers.{i}.{sub}.attn", kind)

@@ -10,12 +10,16 @@ from typing import Any, Iterable
 
 from reference.config import CaseConfig
 from reference.derive import Derivation
+from reference.specs import vllm_spec_class
 
 from conformance.divergence import NOT_OBSERVED, Collector, Kind, draft_layers
 
 KINDS = (
     Kind("layout", "the resolved ``KVCacheLayout``."),
     Kind("groups", "KV cache groups (layer names and manager block size, in order)."),
+    Kind("group_spec",
+         "each KV cache group's spec class (``FullAttentionSpec``, ``RSWASpec``, "
+         "``UniformTypeKVCacheSpecs``, ...): what picks the group's manager."),
     Kind("num_blocks", "the pool's block count."),
     Kind("bytes_per_block", "the pool's bytes per block."),
     Kind("tensor_placement", "the ``KVCacheTensor`` list (layers, size, strides, offset)."),
@@ -64,6 +68,10 @@ def judge_layout(c: Collector, case: CaseConfig, expected: Derivation, observati
     exp_groups = [(tuple(g.layer_names), g.spec.block_size) for g in expected.groups]
     obs_groups = [(tuple(g.layer_names), g.block_size) for g in observation.groups]
     c.cmp("groups", "groups", exp_groups, obs_groups)
+    if exp_groups == obs_groups and all(getattr(g, "spec_type", None) for g in observation.groups):
+        # Paired only where the groups are the same ones (else ``groups`` already says so).
+        c.cmp("group_spec", "group_spec_types", [vllm_spec_class(g.spec) for g in expected.groups],
+              [g.spec_type for g in observation.groups])
     c.cmp("num_blocks", "num_blocks", expected.num_blocks, observation.num_blocks)
     if observation.bytes_per_block is not None:  # an engine's recording does not carry it
         c.cmp("bytes_per_block", "bytes_per_block", expected.plan.bytes_per_block, observation.bytes_per_block)

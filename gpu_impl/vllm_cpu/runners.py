@@ -121,7 +121,7 @@ def _build_layer(layer, cache_config, vc):
     heads = Q_HEADS_PER_KV_HEAD * layer.num_kv_heads
     fc = vc.compilation_config.static_forward_context
     layer_cache = dataclasses.replace(cache_config, cache_dtype=layer.cache_dtype)
-    if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full"):
+    if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm"):
         from vllm.model_executor.layers.attention.attention import Attention
 
         common = dict(num_kv_heads=layer.num_kv_heads, cache_config=layer_cache, prefix=layer.name)
@@ -139,6 +139,16 @@ def _build_layer(layer, cache_config, vc):
                 from vllm.model_executor.layers.attention.static_sink_attention import StaticSinkAttention
 
                 return StaticSinkAttention(heads, layer.head_size, scale, layer.sink_len, **common)
+            if kind == "rswa":
+                from vllm.model_executor.layers.attention.rswa_attention import RSWAAttention
+
+                return RSWAAttention(heads, layer.head_size, scale, rswa_window=layer.rswa_window, **common)
+            if kind == "prefix_lm":
+                from vllm.model_executor.layers.attention.prefill_prefix_lm_attention import (
+                    PrefillPrefixLMAttention,
+                )
+
+                return PrefillPrefixLMAttention(heads, layer.head_size, scale, **common)
             extra = {}
             if layer.head_size_v is not None and layer.head_size_v != layer.head_size:
                 extra["head_size_v"] = layer.head_size_v

@@ -225,7 +225,7 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
     from reference.specs import MambaSpec, SpecKind, first_layer_spec
 
     scheduled = (SpecKind.FULL, SpecKind.MLA, SpecKind.SLIDING_WINDOW, SpecKind.SLIDING_WINDOW_MLA,
-                 SpecKind.CHUNKED_LOCAL, SpecKind.SINK_FULL)
+                 SpecKind.CHUNKED_LOCAL, SpecKind.SINK_FULL, SpecKind.RSWA)
     case = derivation.case
     dcp = case.decode_context_parallel_size
     out: list[dict[str, Any]] = []
