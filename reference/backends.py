@@ -95,6 +95,12 @@ _DEFAULT_KV = ("auto", "float16", "bfloat16")
 _FP8 = ("fp8", "fp8_e4m3")
 
 
+
+def _mla_sliding_window_refusal(impl: str) -> str:
+    """The dense MLA impls' constructor check (``unsupported_features = [alibi_slopes, sliding_window,
+    logits_soft_cap]`` in each ``v1/attention/backends/mla/*.py``)."""
+    return f"{impl} does not support one of the following: alibi_slopes, sliding_window, logits_soft_cap"
+
 @dataclass(frozen=True)
 class BackendInfo:
     """One attention backend's layout-relevant declarations (the target release's)."""
@@ -123,6 +129,9 @@ class BackendInfo:
     runs_on: tuple[tuple[int, ...], str] | None = None
     """(capability majors, the impl constructor's refusal elsewhere): FLASH_ATTN_MLA's FA3
     MLA kernels exist on SM90 only (``fa_utils.flash_attn_supports_mla``)."""
+    sliding_window_refusal: str | None = None
+    """What the impl's constructor raises for a layer with a sliding window (``NotImplementedError``;
+    every dense MLA impl: a ``sliding_window_mla`` layer needs DeepSeek V4's own SWA cache)."""
     required_block_sizes: tuple[int, ...] | None = None
     """The impl's constructor refuses any other ``--block-size`` (B12X: ``_B12X_SUPPORTED_PAGE_SIZES``)."""
     power_of_two_builder_blocks: bool = False
@@ -271,6 +280,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "TRITON_MLA",
             "v1/attention/backends/mla/triton_mla.py",
             (MultipleOf(16),),
+            sliding_window_refusal=_mla_sliding_window_refusal("TritonMLAImpl"),
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
             is_mla=True,
@@ -280,6 +290,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "FLASHMLA",
             "v1/attention/backends/mla/flashmla.py",
             (64,),
+            sliding_window_refusal=_mla_sliding_window_refusal("FlashMLAImpl"),
             head_sizes=HeadSizes(values=(320, 512, 576)),
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
@@ -290,6 +301,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "FLASH_ATTN_MLA",
             "v1/attention/backends/mla/flashattn_mla.py",
             (MultipleOf(16),),
+            sliding_window_refusal=_mla_sliding_window_refusal("FlashAttnMLAImpl"),
             head_sizes=HeadSizes(values=(320, 512, 576)),
             packing=Packing.MLA_LATENT,
             is_mla=True,
@@ -300,6 +312,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "CUTLASS_MLA",
             "v1/attention/backends/mla/cutlass_mla.py",
             (128,),
+            sliding_window_refusal=_mla_sliding_window_refusal("CutlassMLAImpl"),
             head_sizes=HeadSizes(values=(320, 512, 576)),
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
@@ -310,6 +323,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "FLASHINFER_MLA",
             "v1/attention/backends/mla/flashinfer_mla.py",
             (32, 64),
+            sliding_window_refusal=_mla_sliding_window_refusal("FlashInferMLAImpl"),
             head_sizes=HeadSizes(values=(320, 512, 576)),
             kv_cache_dtypes=_DEFAULT_KV + _FP8,
             packing=Packing.MLA_LATENT,
@@ -320,6 +334,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "TOKENSPEED_MLA",
             "v1/attention/backends/mla/tokenspeed_mla.py",
             (32, 64),
+            sliding_window_refusal=_mla_sliding_window_refusal("TokenspeedMLAImpl"),
             head_sizes=HeadSizes(values=(320, 512, 576)),
             kv_cache_dtypes=_FP8,
             packing=Packing.MLA_LATENT,
@@ -329,6 +344,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "CPU_MLA",
             "v1/attention/backends/mla/cpu_mla.py",
             (16,),
+            sliding_window_refusal="CPU MLA does not support alibi_slopes / sliding_window / logits_soft_cap.",
             head_sizes=HeadSizes(values=(576,)),
             kv_cache_dtypes=("auto",),
             packing=Packing.MLA_LATENT,

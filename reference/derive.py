@@ -314,6 +314,8 @@ def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> 
     info = bk.get_backend(backend)
     if info.runs_on is not None and case.capability[0] not in info.runs_on[0]:
         raise StartupError(info.runs_on[1], where=f"vllm/{info.source}: the impl's constructor")
+    if info.sliding_window_refusal is not None and layer.sliding_window is not None and layer.kind == "sliding_window_mla":
+        raise StartupError(info.sliding_window_refusal, where=f"vllm/{info.source}: the impl's constructor")
     if info.required_block_sizes is not None and case.block_size not in info.required_block_sizes:
         raise StartupError(
             f"{backend.lower()} requires --block-size in {info.required_block_sizes}, got {case.block_size}.",

@@ -313,6 +313,47 @@ def _build() -> dict[str, CaseConfig]:
             "spec is non-causal (FullAttentionSpec.merge takes any layer's non_causal).",
         ),
         CaseConfig(
+            "mla-flashmla-b64",
+            uniform_layers(2, kind="mla", backend="FLASHMLA", head_size=576),
+            block_size=64,
+            num_blocks=8,
+            note="DeepSeek-V3-style MLA alone (no draft): one MLAAttentionSpec group of 576-byte latents x 2.",
+        ),
+        CaseConfig(
+            "chunked-local-hybrid-b64",
+            _qwen3_like(1) + uniform_layers(3, start=1, kind="chunked_local", attention_chunk_size=8192, num_kv_heads=8, head_size=128),
+            block_size=64,
+            num_blocks=8,
+            note="chunked-local-hma-off with the hybrid manager on: a ChunkedLocalAttentionSpec group beside the full one.",
+        ),
+        CaseConfig(
+            "sink-fa-b16",
+            _qwen3_like(2, kind="sink_full", sink_len=128, head_size=64),
+            block_size=16,
+            num_blocks=8,
+            note="Static attention sinks (StaticSinkAttention, SinkFullAttentionSpec): 128 sink tokens.",
+        ),
+        CaseConfig(
+            "enc-dec-cross-b16",
+            tuple(
+                LayerConfig(f"model.decoder.layers.{i}.{sub}.attn", kind=kind, num_kv_heads=8, head_size=64)
+                for i in range(2)
+                for sub, kind in (("self_attn", "full"), ("encoder_attn", "cross"))
+            ),
+            block_size=16,
+            num_blocks=8,
+            note="Whisper-style decoder: self-attention and CrossAttention (CrossAttentionSpec) groups.",
+        ),
+        CaseConfig(
+            "swa-mla-refused-b64",
+            uniform_layers(1, kind="mla", backend="TRITON_MLA", head_size=576)
+            + uniform_layers(1, start=1, kind="sliding_window_mla", sliding_window=128, backend="TRITON_MLA", head_size=576),
+            block_size=64,
+            num_blocks=8,
+            note="An MLA layer with a sliding window (SlidingWindowMLASpec) through MLAAttention: every dense "
+            "MLA impl's constructor refuses a sliding window; only DeepSeek V4's own SWA cache uses the spec.",
+        ),
+        CaseConfig(
             "gqa+draft-attention-backend-b128",
             _qwen3_like(backend="TRITON_ATTN")
             + (LayerConfig("draft.layers.2.attn", backend="FLASHINFER", num_kv_heads=8, head_size=128, is_draft=True),),

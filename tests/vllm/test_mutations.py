@@ -315,6 +315,35 @@ class Mutation:
     vLLM the reference has no facts for would still be caught by."""
 
 
+def _layer_spec_replaced(**changes: Any) -> Callable[[type], type]:
+    """A layer class whose ``get_kv_cache_spec`` reports its spec with ``changes``: a
+    model-specific layer computing its own page wrong (issue 24: one per new kind)."""
+
+    def variant(layer_cls: type) -> type:
+        class Mutated(layer_cls):  # type: ignore[misc, valid-type]
+            def get_kv_cache_spec(self, vllm_config):
+                spec = super().get_kv_cache_spec(vllm_config)
+                return dataclasses.replace(spec, **{k: v(spec) for k, v in changes.items()})
+
+        Mutated.__name__ = layer_cls.__name__
+        return Mutated
+
+    return variant
+
+
+def _rswa_reported_as_full(layer_cls: type) -> type:
+    """``RSWAAttention.get_kv_cache_spec`` falling back to ``Attention``'s: a plain
+    ``FullAttentionSpec``, so the scheduler never gives the layers an ``RSWAManager``."""
+    from vllm.model_executor.layers.attention.attention import Attention
+
+    class Mutated(layer_cls):  # type: ignore[misc, valid-type]
+        def get_kv_cache_spec(self, vllm_config):
+            return Attention.get_kv_cache_spec(self, vllm_config)
+
+    Mutated.__name__ = layer_cls.__name__
+    return Mutated
+
+
 MUTATIONS = (
     Mutation(
         "no-kernel-split", "mla-gqa-draft-b128-k64", "vllm.v1.worker.utils", "select_common_block_size",
@@ -422,6 +451,22 @@ MUTATIONS = (
         contract=frozenset({"bound_view"}),
     ),
     Mutation(
+        "rswa-reported-as-full", "rswa-flashinfer-b128-k64", "vllm.model_executor.layers.attention.rswa_attention",
+        "RSWAAttention", _rswa_reported_as_full, "group_spec", frozenset({"group_spec"}),
+    ),
+    Mutation(
+        "rswa-page-half-heads", "rswa-flashinfer-b128-k64", "vllm.model_executor.layers.attention.rswa_attention",
+        "RSWAAttention", _layer_spec_replaced(num_kv_heads=lambda spec: spec.num_kv_heads // 2), "registered_shape",
+        # Half the page: smaller pool and tensors, so every view moves and shrinks. The spec
+        # object itself says half, so the contract (views against vLLM's own spec) holds.
+        frozenset({"registered_shape", "bytes_per_block", "tensor_placement", "registered_offset", "registered_storage"}),
+    ),
+    Mutation(
+        "prefix-lm-page-half-v", "prefix-lm-fa-b16", "vllm.model_executor.layers.attention.prefill_prefix_lm_attention",
+        "PrefillPrefixLMAttention", _layer_spec_replaced(head_size_v=lambda spec: spec.head_size_v // 2), "registered_shape",
+        frozenset({"registered_shape", "bytes_per_block", "tensor_placement", "registered_offset", "registered_storage"}),
+    ),
+    Mutation(
         "scheduler-largest-block", "swa-hybrid-scaled", "vllm.v1.core.kv_cache_utils", "generate_scheduler_kv_cache_config",
         # The hash block is the GCD of the (now equal) group sizes: it moves too.
         _scheduler_uses_largest_block, "cache_block_size", frozenset({"cache_block_size", "scheduler_block_size"}),
@@ -501,7 +546,7 @@ def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, mo
 def test_the_contract_catches_most_mutations() -> None:
     """The figure the README states: mutations caught by the contract alone."""
     caught = [m.id for m in MUTATIONS if m.contract]
-    assert len(caught) == 13 and len(MUTATIONS) == 21, (len(caught), len(MUTATIONS))
+    assert len(caught) == 13 and len(MUTATIONS) == 24, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------

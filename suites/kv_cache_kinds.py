@@ -1,0 +1,216 @@
+"""Every KV cache spec class and every layer class with its own ``get_kv_cache_spec`` that vLLM
+0.33.0 ships, and how kvconform covers each: the case kind that expresses it, a named case,
+whether the drivers run it through vLLM's own class, and whether it gets request schedules.
+
+One table, rendered into ``docs/kv-cache-kinds.md`` (``python -m suites.kv_cache_kinds --write``;
+``tests/reference/test_kv_cache_kinds.py`` holds the page to it and every row to the cases it
+names). ``tests/vllm/test_kv_cache_kinds_vs_vllm.py`` reads the installed vLLM's source and
+fails on a class this table does not list, or lists and vLLM no longer has.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+INVENTORY_RELEASE = "0.33.0"
+"""The vLLM release the table was read from."""
+
+DOC_PATH = Path(__file__).resolve().parents[1] / "docs" / "kv-cache-kinds.md"
+
+DRIVEN = ("yes", "stand-in", "no")
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """One vLLM class and what kvconform does with it."""
+
+    path: str
+    """Where vLLM defines it, relative to the ``vllm`` package (``models/deepseek_v4/attention.py``)."""
+    name: str
+    """The class name (several families reuse one, per platform directory)."""
+    role: str
+    """``spec`` (a ``KVCacheSpec`` class of ``v1/kv_cache_interface.py``) or ``layer`` (defines
+    ``get_kv_cache_spec``)."""
+    reports: str
+    """For a layer: the spec class(es) its ``get_kv_cache_spec`` builds; for a spec: what it holds."""
+    case_kind: str | None = None
+    """The ``LayerConfig.kind`` that expresses it (None: no case can yet)."""
+    named_case: str | None = None
+    """A named case with a layer of that kind (``suites/named_cases.py``)."""
+    driven: str = "no"
+    """``yes``: vLLM's own class runs; ``stand-in``: vLLM's own method on an object carrying only
+    what it reads; ``no``: not driven (``why`` says what and why)."""
+    schedules: bool = False
+    """Request schedules run through both runners' block tables for its groups."""
+    why: str = ""
+    """What is missing, or how it is driven, in one line."""
+
+
+_NOT_YET = "not modeled yet (issue 24)"
+
+
+def _spec(name: str, holds: str, kind: str | None = None, case: str | None = None, driven: str = "no",
+          schedules: bool = False, why: str = "") -> Coverage:
+    return Coverage("v1/kv_cache_interface.py", name, "spec", holds, kind, case, driven, schedules, why)
+
+
+def _layer(path: str, name: str, reports: str, kind: str | None = None, case: str | None = None,
+           driven: str = "no", schedules: bool = False, why: str = "") -> Coverage:
+    return Coverage(path, name, "layer", reports, kind, case, driven, schedules, why)
+
+
+_DSV4 = "a DeepSeek V4 cache: the sparse-MLA compressor/indexer pages and their own builders; " + _NOT_YET
+_FAMILY = "a model family's own cache layer in vllm/models; " + _NOT_YET
+
+INVENTORY: tuple[Coverage, ...] = (
+    # --- the spec classes ---------------------------------------------------------------------
+    _spec("KVCacheSpec", "the base class: block size, DCP sharding, stride alignment",
+          why="abstract: every case's spec is one of its subclasses"),
+    _spec("AttentionSpec", "the [B, H, N, C] page of attention layers",
+          why="abstract: every attention case's spec is one of its subclasses"),
+    _spec("FullAttentionSpec", "full attention (and promoted local layers, non_causal Prefix-LM)", "full",
+          "dense-fa-b128-lbhnc", "yes", True),
+    _spec("MLAAttentionSpec", "one latent vector per token", "mla", "mla-flashmla-b64", "yes", True,
+          "indexer, topk_buffer_width and DeepSeek V4's fields left at their defaults"),
+    _spec("SlidingWindowSpec", "a sliding window's blocks", "sliding_window", "swa-hybrid-padded", "yes", True),
+    _spec("SlidingWindowMLASpec", "MLA with a sliding window", "sliding_window_mla", "swa-mla-refused-b64", "yes",
+          False, "every dense MLA impl refuses a sliding window (the refusal is the verdict); DeepSeek V4's own "
+          "SWA cache is the user: " + _NOT_YET),
+    _spec("ChunkedLocalAttentionSpec", "Llama-4 chunked local attention", "chunked_local", "chunked-local-hybrid-b64",
+          "yes", True),
+    _spec("SinkFullAttentionSpec", "full attention with static sink tokens", "sink_full", "sink-fa-b16", "yes", True),
+    _spec("CrossAttentionSpec", "encoder-decoder cross attention", "cross", "enc-dec-cross-b16", "yes", False,
+          "no request schedules: its block table is sized by encoder inputs; " + _NOT_YET),
+    _spec("EncoderOnlyAttentionSpec", "encoder-only attention (no paged KV)",
+          why="EncoderOnlyAttention allocates no KV cache; the runners build this spec themselves for "
+          "encoder-only models' metadata (v1/worker/gpu_model_runner.py); " + _NOT_YET),
+    _spec("RSWASpec", "R-SWA: prefill kept, a window of generated tokens", "rswa", "rswa-flashinfer-b128-k64",
+          "yes", True),
+    _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", why=_NOT_YET),
+    _spec("CircularBufferSpec", "one ring block per request, no slot mapping",
+          why="only in the class-level block-table scenarios (suites/block_table_scenarios.py); no case kind "
+          "yet: its users are DeepSeek V4.1's compressor, GLM-5-next's tail cache, Qwen4's QSA key state, "
+          "Step5's tail ring; " + _NOT_YET),
+    _spec("MambaSpec", "state-space layers' state (one block per request, or per mamba_block_size)", "mamba",
+          "mamba-hybrid", "yes", True),
+    _spec("HiSparseHotSpec", "HiSparse's per-request hot cache (no views, no slot mapping)", why=_NOT_YET),
+    _spec("HiSparseResidentSpec", "HiSparse's reclaimable resident pages (no views)", why=_NOT_YET),
+    _spec("UniformTypeKVCacheSpecs", "several same-type specs in one group", "full", "tiny-mixed-heads-lbnhc",
+          "yes", True, "a group spec: arises from mixed layers (also rswa-after-full's reverse order)"),
+    # --- the generic layers (model_executor/layers) --------------------------------------------
+    _layer("model_executor/layers/attention_layer_base.py", "AttentionLayerBase", "nothing (abstract)",
+           why="abstract: every layer below subclasses it"),
+    _layer("model_executor/layers/attention/attention.py", "Attention", "FullAttentionSpec, SlidingWindowSpec",
+           "full", "dense-fa-b128-lbhnc", "yes", True, "sliding_window too (swa-hybrid-padded)"),
+    _layer("model_executor/layers/attention/mla_attention.py", "MLAAttention", "MLAAttentionSpec, SlidingWindowMLASpec",
+           "mla", "mla-gqa-draft-b64", "yes", True, "built with no indexer (DeepSeek V3.2's sparse MLA: " + _NOT_YET + ")"),
+    _layer("model_executor/layers/attention/chunked_local_attention.py", "ChunkedLocalAttention",
+           "ChunkedLocalAttentionSpec", "chunked_local", "chunked-local-hma-off", "yes", True),
+    _layer("model_executor/layers/attention/cross_attention.py", "CrossAttention", "CrossAttentionSpec", "cross",
+           "enc-dec-cross-b16", "yes", False, "no request schedules: sized by encoder inputs; " + _NOT_YET),
+    _layer("model_executor/layers/attention/encoder_only_attention.py", "EncoderOnlyAttention", "None (no KV cache)",
+           why="a layer without a KV cache: " + _NOT_YET),
+    _layer("model_executor/layers/attention/static_sink_attention.py", "StaticSinkAttention", "SinkFullAttentionSpec",
+           "sink_full", "sink-fa-b16", "yes", True),
+    _layer("model_executor/layers/attention/rswa_attention.py", "RSWAAttention", "RSWASpec", "rswa",
+           "rswa-flashinfer-b128-k64", "yes", True),
+    _layer("model_executor/layers/attention/prefill_prefix_lm_attention.py", "PrefillPrefixLMAttention",
+           "FullAttentionSpec (non_causal)", "prefix_lm", "prefix-lm-fa-b16", "yes", True),
+    _layer("model_executor/layers/mamba/abstract.py", "MambaBase", "MambaSpec", "mamba", "mamba-hybrid", "stand-in",
+           True, "MambaBase's own get_kv_cache_spec and binding on a subclass carrying the case's state shapes"),
+    _layer("model_executor/layers/mamba/mamba_mixer2.py", "MambaMixer2", "MambaSpec (via MambaBase)",
+           why="its own override is not run (the stand-in is a MambaBase subclass); " + _NOT_YET),
+    _layer("model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", "QwenGatedDeltaNetAttention",
+           "MambaSpec (via GatedDeltaNetAttention)", why="Qwen3-Next's GDN state: " + _NOT_YET),
+    _layer("model_executor/models/deepseek_v2.py", "DeepseekV32IndexerCache", "MLAAttentionSpec (indexer role)",
+           why="DeepSeek V3.2's sparse-MLA indexer cache: " + _NOT_YET),
+    _layer("model_executor/models/extract_hidden_states.py", "CacheOnlyAttentionLayer", "HiddenStateCacheSpec",
+           why=_NOT_YET),
+    _layer("model_executor/models/whisper_causal.py", "WhisperCausalAttentionWithBlockPooling",
+           "FullAttentionSpec (tokens_per_state < 1)", why="fractional tokens per state: " + _NOT_YET),
+    _layer("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache", "SlidingWindowMLASpec", why=_DSV4),
+    # --- the model families of vllm/models -------------------------------------------------------
+    _layer("models/deepseek_v4/attention.py", "DeepseekV4Attention", "MLAAttentionSpec", why=_DSV4),
+    _layer("models/deepseek_v4/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV4),
+    _layer("models/deepseek_v4/compressor.py", "CompressorStateCache", "SlidingWindowMLASpec", why=_DSV4),
+    _layer("models/deepseek_v41/attention.py", "DeepseekV4Attention", "MLAAttentionSpec", why=_DSV4),
+    _layer("models/deepseek_v41/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV4),
+    _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", why=_DSV4),
+    _layer("models/dots3_note/nvidia/model.py", "Dots3NotePaddedMLAAttention", "MLAAttentionSpec (via MLAAttention)", why=_FAMILY),
+    _layer("models/glm5next/common/attention.py", "Glm5NextIndexerCache", "MLAAttentionSpec (via DeepseekV32IndexerCache)", why=_FAMILY),
+    _layer("models/glm5next/common/attention.py", "Glm5NextTailCache", "CircularBufferSpec", why=_FAMILY),
+    _layer("models/glm5next/common/kda.py", "Glm5NextLinearAttention", "MambaSpec (KDA state)", why=_FAMILY),
+    _layer("models/inkling/amd/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", why=_FAMILY),
+    _layer("models/inkling/amd/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", why=_FAMILY),
+    _layer("models/inkling/nvidia/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", why=_FAMILY),
+    _layer("models/inkling/nvidia/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", why=_FAMILY),
+    _layer("models/kimi_k3/amd/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", why=_FAMILY),
+    _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", why=_FAMILY),
+    _layer("models/kimi_k3/nvidia/mla.py", "MultiHeadLatentAttention", "MLAAttentionSpec", why=_FAMILY),
+    _layer("models/minimax_m3/amd/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/minimax_m3/common/indexer.py", "MiniMaxM3IndexerCache", "MLAAttentionSpec (indexer)", why=_FAMILY),
+    _layer("models/minimax_m3/nvidia/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/qwen4_exp/amd/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/qwen4_exp/common/qsa_cache.py", "QSAKeyStateCache", "CircularBufferSpec", why=_FAMILY),
+    _layer("models/qwen4_exp/common/qsa_cache.py", "QSACompressedKeyCache", "MLAAttentionSpec", why=_FAMILY),
+    _layer("models/qwen4_exp/nvidia/ple_layer.py", "Qwen4ExpPLELayer", "MambaSpec (via MambaBase)", why=_FAMILY),
+    _layer("models/qwen4_exp/nvidia/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/step5/nvidia/csa_tail_ring.py", "Step5CSATailRing", "CircularBufferSpec", why=_FAMILY),
+    _layer("models/step5/nvidia/sparse_summary_cache.py", "Step5SparseSummaryCacheLayer", "FullAttentionSpec", why=_FAMILY),
+)
+
+
+def _cell(text: str | None) -> str:
+    return (text or "").replace("|", "\\|")
+
+
+def render() -> str:
+    """The Markdown page: one table of specs, one of layers, and the counts."""
+    driven = [c for c in INVENTORY if c.driven != "no"]
+    lines = [
+        "# KV cache kinds: what vLLM 0.33.0 ships and what kvconform drives",
+        "",
+        f"Generated from `suites/kv_cache_kinds.py` (`python -m suites.kv_cache_kinds --write`), read off vLLM "
+        f"{INVENTORY_RELEASE}. `tests/vllm/test_kv_cache_kinds_vs_vllm.py` fails on a class of the installed vLLM "
+        "that is not listed here. *Driven*: `yes` runs vLLM's own class (layers built as the model builds them, on "
+        "the meta device), `stand-in` runs vLLM's own method on an object carrying only what it reads, `no` is not "
+        "driven. *Schedules*: seeded request schedules through both runners' block tables.",
+        "",
+        f"{len(driven)} of {len(INVENTORY)} classes are driven.",
+        "",
+    ]
+    for role, title in (("spec", "Spec classes (`vllm/v1/kv_cache_interface.py`)"),
+                        ("layer", "Layer classes with their own `get_kv_cache_spec`")):
+        lines += [f"## {title}", "", "| class | where | reports | case kind | named case | driven | schedules | notes |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in INVENTORY:
+            if c.role != role:
+                continue
+            lines.append(
+                f"| `{c.name}` | `{c.path}` | {_cell(c.reports)} | {f'`{c.case_kind}`' if c.case_kind else ''} | "
+                f"{f'`{c.named_case}`' if c.named_case else ''} | {c.driven} | {'yes' if c.schedules else 'no'} | {_cell(c.why)} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args == ["--write"]:
+        DOC_PATH.write_text(render() + "\n")
+        print(f"wrote {DOC_PATH}")
+        return 0
+    if args:
+        print(f"usage: python -m suites.kv_cache_kinds [--write]; got {' '.join(args)!r}", file=sys.stderr)
+        return 4
+    print(render())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - the regeneration command
+    raise SystemExit(main())
+
+
+__all__ = ["Coverage", "DOC_PATH", "DRIVEN", "INVENTORY", "INVENTORY_RELEASE", "render"]
