@@ -341,6 +341,15 @@ BACKENDS: dict[str, BackendInfo] = {
             is_mla=True,
         ),
         BackendInfo(
+            "DEEPSEEK_V32_INDEXER",
+            "v1/attention/backends/mla/indexer.py",
+            (64,),
+            head_sizes=HeadSizes(values=(32, 64, 128)),
+            kv_cache_dtypes=("auto",),
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+        ),
+        BackendInfo(
             "CPU_MLA",
             "v1/attention/backends/mla/cpu_mla.py",
             (16,),

@@ -26,10 +26,16 @@ LAYER_KINDS = (
     "mamba",
     "rswa",
     "prefix_lm",
+    "mla_indexer",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
-tokens), ``prefix_lm`` is ``PrefillPrefixLMAttention`` (a non-causal ``FullAttentionSpec``)."""
+tokens), ``prefix_lm`` is ``PrefillPrefixLMAttention`` (a non-causal ``FullAttentionSpec``),
+``mla_indexer`` is DeepSeek V3.2's ``DeepseekV32IndexerCache`` (an ``MLAAttentionSpec`` in the
+indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 scales)."""
+
+INDEXER_BACKEND = "DEEPSEEK_V32_INDEXER"
+"""The backend ``DeepseekV32IndexerCache.get_attn_backend`` names itself (no selection)."""
 CONNECTORS = ("nixl", "mooncake", "offloading", "lmcache")
 MAMBA_CACHE_MODES = ("none", "align")
 """``CacheConfig.mamba_cache_mode`` values (vllm/config/cache.py ``MambaCacheMode``)."""
@@ -132,6 +138,12 @@ class LayerConfig:
             raise ConfigError(f"layer {self.name!r}: kind 'rswa' needs rswa_window > 0")
         if self.rswa_window is not None and self.kind != "rswa":
             raise ConfigError(f"layer {self.name!r}: rswa_window {self.rswa_window!r} is only for kind 'rswa', not {self.kind!r}")
+        if self.kind == "mla_indexer" and self.backend != INDEXER_BACKEND:
+            raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' runs on {INDEXER_BACKEND} "
+                              f"(DeepseekV32IndexerCache names it), not {self.backend!r}")
+        if self.kind == "mla_indexer" and self.cache_dtype != "auto":
+            raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' stores uint8 whatever the cache dtype "
+                              f"(fp8 keys and fp32 scales); cache_dtype {self.cache_dtype!r} must be 'auto'")
         if self.kind == "mamba" and not self.mamba_shapes:
             raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes")
 

@@ -34,6 +34,7 @@ _KIND = {
     "cross": SpecKind.CROSS,
     "rswa": SpecKind.RSWA,
     "prefix_lm": SpecKind.FULL,
+    "mla_indexer": SpecKind.MLA,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -198,8 +199,8 @@ class Derivation:
 
 def layer_backend(case: CaseConfig, layer: LayerConfig, runner: str) -> str:
     """Which backend a layer runs under in ``runner`` (drafts differ: MRv1 vs MRv2, D1)."""
-    if layer.kind == "mamba":
-        return layer.backend
+    if layer.kind in ("mamba", "mla_indexer"):
+        return layer.backend  # the layer's own backend, whatever --attention-backend says
     if not layer.is_draft:
         return case.attention_backend or layer.backend
     if case.speculative_attention_backend:
@@ -256,6 +257,13 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         non_causal=layer.kind == "prefix_lm",
         is_draft=layer.is_draft,
     )
+    if layer.kind == "mla_indexer":
+        # DeepseekV32IndexerCache.get_kv_cache_spec: one head of head_dim bytes, uint8 whatever
+        # --kv-cache-dtype, no cache_dtype_str, the indexer role, one TP shard.
+        return AttentionSpec(
+            kind=kind, block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size, head_size_v=0,
+            dtype="uint8", cache_role="indexer", max_tp_shards=1, is_draft=layer.is_draft,
+        )
     if kind.is_mla:
         spec = AttentionSpec(
             num_kv_heads=1,
@@ -282,7 +290,8 @@ def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) ->
             raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {backend_name}")
         return raw_spec(case, layer, backend)
     spec = raw_spec(case, layer, backend)
-    bk.check_backend_accepts(backend, spec, layer.name)
+    if layer.kind != "mla_indexer":  # the indexer cache names its backend: no selector validates it
+        bk.check_backend_accepts(backend, spec, layer.name)
     return bk.customize_attention_spec(backend, spec, case.capability)
 
 
@@ -414,9 +423,15 @@ def _check_metadata_builders(
                     f"flex_attn_kv_block_size must be a power of 2 and divisible by flex_attn_block_n, got {kbs}, None",
                     where="vllm.v1.attention.backends.flex_attention.FlexAttentionMetadataBuilder._get_block_sizes",
                 )
-            if kbs != spec.block_size and views[name].shape[2] != spec.num_kernel_states(kbs):
+    # Every builder is made (initialize_metadata_builders) before any cache is viewed in kernel
+    # blocks (initialize_kv_cache_tensors): a builder's refusal comes first, whatever the layer order.
+    for gid, group in enumerate(d_plan.groups):
+        for name in group.layer_names:
+            spec = layer_spec_of(group.spec, name)
+            kbs = per_layer.get(name)
+            if kbs is not None and kbs != spec.block_size and views[name].shape[2] != spec.num_kernel_states(kbs):
                 raise StartupError(
-                    f"{backend} needs {kbs}-token kernel blocks, which packed {spec.block_size}-token KV "
+                    f"{backends[name]} needs {kbs}-token kernel blocks, which packed {spec.block_size}-token KV "
                     f"cache blocks cannot be split into. Reduce --block-size to {kbs} or set "
                     "VLLM_KV_CACHE_LAYOUT to a layer-compact layout (e.g. LBNHC).",
                     where="vllm.v1.worker.utils.AttentionGroup.map_kv_cache_to_kernel_blocks",

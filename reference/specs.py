@@ -87,6 +87,11 @@ class AttentionSpec:
     sink_len: int | None = None
     rswa_window: int | None = None
     """``RSWASpec.rswa_window``; None for every other kind."""
+    cache_role: str = "sparse"
+    """``MLAAttentionSpec.cache_role`` (``SparseCacheRole``): ``indexer`` for DeepSeek V3.2's indexer
+    cache; MLA specs of two roles never merge (``MLAAttentionSpec.merge``)."""
+    max_tp_shards: int | None = None
+    """``AttentionSpec.max_tp_shards``: 1 for the indexer cache (replicated across TP ranks)."""
     non_causal: bool = False
     """``FullAttentionSpec.non_causal`` (``PrefillPrefixLMAttention``): part of equality in vLLM,
     so a non-causal layer never shares a spec with a causal one; the layout is unchanged."""

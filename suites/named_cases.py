@@ -327,6 +327,39 @@ def _build() -> dict[str, CaseConfig]:
             note="chunked-local-hma-off with the hybrid manager on: a ChunkedLocalAttentionSpec group beside the full one.",
         ),
         CaseConfig(
+            "dsv32-indexer-b64",
+            tuple(
+                layer
+                for i in range(2)
+                for layer in (
+                    LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576),
+                    LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
+                                backend="DEEPSEEK_V32_INDEXER", head_size=132),
+                )
+            ),
+            block_size=64,
+            num_blocks=8,
+            note="DeepSeek V3.2: per layer an MLA latent cache and its sparse-attention indexer's K cache "
+            "(DeepseekV32IndexerCache: 128 fp8 bytes + one fp32 scale = 132 uint8 per token, indexer role), "
+            "one uniform-type group. The MLA layers run dense FLASHMLA here (the sparse backend's own "
+            "spec fields are not modeled).",
+        ),
+        CaseConfig(
+            "dsv32-indexer-b128-k64",
+            tuple(
+                layer
+                for i in range(2)
+                for layer in (
+                    LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576),
+                    LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
+                                backend="DEEPSEEK_V32_INDEXER", head_size=132),
+                )
+            ),
+            block_size=128,
+            num_blocks=4,
+            note="dsv32-indexer-b64 at block 128: the indexer's and FlashMLA's 64-token kernel blocks split every block in two.",
+        ),
+        CaseConfig(
             "sink-fa-b16",
             _qwen3_like(2, kind="sink_full", sink_len=128, head_size=64),
             block_size=16,

@@ -39,12 +39,14 @@ FAMILIES = (
     "encoder_decoder",
     "rswa",
     "prefix_lm",
+    "mla_indexer",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
 R-SWA attention (``RSWAAttention``, after a causal full layer half the time: vLLM's merge
 then makes the group plain full attention) and Prefix-LM attention
-(``PrefillPrefixLMAttention``, with a causal draft half the time). A seeded profile's configs
+(``PrefillPrefixLMAttention``, with a causal draft half the time) and DeepSeek V3.2's MLA
+layers each with its indexer K cache (``DeepseekV32IndexerCache``). A seeded profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -157,6 +159,17 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         layers = [attention(f"model.layers.{i}.self_attn.attn", "prefix_lm") for i in range(n)]
         if pick((False, True)):
             layers.append(attention("draft.layers.0.attn", cache_dtype="auto", is_draft=True))
+    elif family == "mla_indexer":
+        mla_backend = pick(MLA_BACKENDS)
+        layers = [
+            layer
+            for i in range(n)
+            for layer in (
+                LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576),
+                LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
+                            backend="DEEPSEEK_V32_INDEXER", head_size=132),
+            )
+        ]
     elif family == "encoder_decoder":
         layers = [
             attention(f"model.decoder.layers.{i}.{sub}.attn", kind)

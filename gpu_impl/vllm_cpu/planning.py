@@ -221,6 +221,11 @@ def vllm_config_for(case) -> Iterator[Any]:
         replace(
             vc.attention_config,
             backend=AttentionBackendEnum[case.attention_backend] if case.attention_backend else None,
+            # VllmConfig.__post_init__ resolves this once a model config exists (config/vllm.py:
+            # 5 up to 256k tokens, else 2); the shared config was built without one. The sparse-MLA
+            # indexer's metadata builder sizes its prefill buffer from it.
+            sparse_mla_prefill_workspace_factor=vc.attention_config.sparse_mla_prefill_workspace_factor
+            or (5 if case.max_model_len <= 256 * 1024 else 2),
         ),
     )
     saved_model_config = vc.model_config

@@ -177,6 +177,13 @@ def _build_layer(layer, cache_config, vc):
                 prefix=layer.name,
                 sliding_window=layer.sliding_window if kind == "sliding_window_mla" else None,
             )
+    if kind == "mla_indexer":
+        import torch
+        from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+
+        # As DeepSeek V3.2's Indexer builds it: uint8 (fp8 keys + fp32 scales), its own backend.
+        return DeepseekV32IndexerCache(head_dim=layer.head_size, dtype=torch.uint8, prefix=layer.name,
+                                       cache_config=layer_cache)
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")

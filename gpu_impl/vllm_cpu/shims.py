@@ -12,6 +12,7 @@ Importing this module does not import vLLM.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import functools
 import os
 import sys
@@ -555,6 +556,13 @@ def _flash_attn_mla_import() -> Iterator[None]:
 _IMPORT_SHIMS = {"CUTLASS_MLA": _cutlass_mla_import, "FLASH_ATTN_MLA": _flash_attn_mla_import}
 
 
+LAYER_OWNED_BACKENDS = {
+    "DEEPSEEK_V32_INDEXER": ("vllm.v1.attention.backends.mla.indexer", "DeepseekV32IndexerBackend"),
+}
+"""Backends no ``AttentionBackendEnum`` member names: the layer returns its class itself
+(``DeepseekV32IndexerCache.get_attn_backend``)."""
+
+
 def backend_class(name: str):
     """The real vLLM backend class for a reference backend name.
 
@@ -571,6 +579,11 @@ def backend_class(name: str):
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
 
     try:
+        if name in LAYER_OWNED_BACKENDS:
+            module, attr = LAYER_OWNED_BACKENDS[name]
+            cls = getattr(importlib.import_module(module), attr)
+            _backend_cache[name] = cls
+            return cls
         if name in MAMBA_BACKENDS:
             member = MambaAttentionBackendEnum[MAMBA_BACKENDS[name]]
         else:
