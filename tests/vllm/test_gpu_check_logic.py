@@ -31,6 +31,7 @@ from types import SimpleNamespace
 import pytest
 
 from conformance import gpu_verdict as summary
+from reference.specs import vllm_spec_class
 from conformance.diff import judge_token_writes
 from gpu_impl.recording import _token_writes
 from gpu_impl.cuda import models, scenarios
@@ -496,7 +497,7 @@ def fake_worker(case: CaseConfig, runner: str) -> dict:
         n: dict(reference_view(v), element_size=v.element_size, storage_base=1 << 40, device="cuda:0")
         for n, v in d.registered.items()
     }
-    groups = [{"layer_names": list(g.layer_names), "kv_cache_spec": {"type": "FullAttentionSpec", "block_size": g.spec.block_size}} for g in d.groups]
+    groups = [{"layer_names": list(g.layer_names), "kv_cache_spec": {"type": vllm_spec_class(g.spec), "block_size": g.spec.block_size}} for g in d.groups]
     tensors = [{"size": t.size, "layers": list(t.layers), "layer_stride": t.layer_stride, "block_stride": t.block_stride, "offset": t.offset} for t in d.plan.tensors]
     def observed_token(n: str, slot: int) -> dict:
         tb = addresses.token_bytes(d, n, slot)
