@@ -350,6 +350,12 @@ BACKENDS: dict[str, BackendInfo] = {
             is_mla=True,
         ),
         BackendInfo(
+            "CACHE_ONLY_ATTN",
+            "model_executor/models/extract_hidden_states.py",
+            (MultipleOf(1),),
+            kv_cache_dtypes=_DEFAULT_KV,
+        ),
+        BackendInfo(
             "CPU_MLA",
             "v1/attention/backends/mla/cpu_mla.py",
             (16,),

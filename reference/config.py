@@ -27,12 +27,21 @@ LAYER_KINDS = (
     "rswa",
     "prefix_lm",
     "mla_indexer",
+    "hidden_state",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
 tokens), ``prefix_lm`` is ``PrefillPrefixLMAttention`` (a non-causal ``FullAttentionSpec``),
 ``mla_indexer`` is DeepSeek V3.2's ``DeepseekV32IndexerCache`` (an ``MLAAttentionSpec`` in the
-indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 scales)."""
+indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 scales),
+``hidden_state`` is ``extract_hidden_states``' ``CacheOnlyAttentionLayer`` (``HiddenStateCacheSpec``:
+``num_kv_heads`` captured layers of ``head_size`` = the hidden size, in the model dtype)."""
+
+HIDDEN_STATE_BACKEND = "CACHE_ONLY_ATTN"
+"""The backend ``CacheOnlyAttentionLayer`` names itself."""
+HIDDEN_STATE_CACHE_DTYPES = ("auto", "bfloat16", "float16")
+"""What ``CacheOnlyAttentionLayer.__init__`` accepts (it asserts: no quantized cache; its only
+builder, ``ExtractHiddenStatesModel``, replaces a quantized ``--kv-cache-dtype`` with ``auto``)."""
 
 INDEXER_BACKEND = "DEEPSEEK_V32_INDEXER"
 """The backend ``DeepseekV32IndexerCache.get_attn_backend`` names itself (no selection)."""
@@ -144,6 +153,12 @@ class LayerConfig:
         if self.kind == "mla_indexer" and self.cache_dtype != "auto":
             raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' stores uint8 whatever the cache dtype "
                               f"(fp8 keys and fp32 scales); cache_dtype {self.cache_dtype!r} must be 'auto'")
+        if self.kind == "hidden_state" and self.backend != HIDDEN_STATE_BACKEND:
+            raise ConfigError(f"layer {self.name!r}: kind 'hidden_state' runs on {HIDDEN_STATE_BACKEND} "
+                              f"(CacheOnlyAttentionLayer names it), not {self.backend!r}")
+        if self.kind == "hidden_state" and self.cache_dtype not in HIDDEN_STATE_CACHE_DTYPES:
+            raise ConfigError(f"layer {self.name!r}: kind 'hidden_state' cache_dtype {self.cache_dtype!r} must be one of "
+                              f"{', '.join(HIDDEN_STATE_CACHE_DTYPES)} (ExtractHiddenStatesModel gives CacheOnlyAttentionLayer 'auto' for a quantized one)")
         if self.kind == "mamba" and not self.mamba_shapes:
             raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes")
 

@@ -35,6 +35,7 @@ _KIND = {
     "rswa": SpecKind.RSWA,
     "prefix_lm": SpecKind.FULL,
     "mla_indexer": SpecKind.MLA,
+    "hidden_state": SpecKind.HIDDEN_STATE,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -199,7 +200,7 @@ class Derivation:
 
 def layer_backend(case: CaseConfig, layer: LayerConfig, runner: str) -> str:
     """Which backend a layer runs under in ``runner`` (drafts differ: MRv1 vs MRv2, D1)."""
-    if layer.kind in ("mamba", "mla_indexer"):
+    if layer.kind in ("mamba", "mla_indexer", "hidden_state"):
         return layer.backend  # the layer's own backend, whatever --attention-backend says
     if not layer.is_draft:
         return case.attention_backend or layer.backend
@@ -264,6 +265,13 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             kind=kind, block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size, head_size_v=0,
             dtype="uint8", cache_role="indexer", max_tp_shards=1, is_draft=layer.is_draft,
         )
+    if layer.kind == "hidden_state":
+        # CacheOnlyAttentionLayer.get_kv_cache_spec: num_heads x head_size in the model dtype
+        # (kv_cache_dtype_str_to_dtype of auto/bf16/fp16), no V, no cache_dtype_str.
+        return AttentionSpec(
+            kind=kind, block_size=case.block_size, num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
+            head_size_v=0, dtype=dtype, cache_dtype=layer.cache_dtype, is_draft=layer.is_draft,
+        )
     if kind.is_mla:
         spec = AttentionSpec(
             num_kv_heads=1,
@@ -290,7 +298,7 @@ def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) ->
             raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {backend_name}")
         return raw_spec(case, layer, backend)
     spec = raw_spec(case, layer, backend)
-    if layer.kind != "mla_indexer":  # the indexer cache names its backend: no selector validates it
+    if layer.kind not in ("mla_indexer", "hidden_state"):  # these name their backend: no selector validates it
         bk.check_backend_accepts(backend, spec, layer.name)
     return bk.customize_attention_spec(backend, spec, case.capability)
 

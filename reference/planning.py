@@ -209,16 +209,48 @@ def get_kv_cache_groups(
         return [KVCacheGroup(tuple(specs), merged)]
     if is_uniform_type(values):
         return [KVCacheGroup(tuple(specs), UniformTypeSpecs(tuple(specs.items())))]
-    if layout.is_block_outermost and len({s.page_size_bytes for s in values}) > 1:
-        return _packed_groups(specs)
+    # Hidden-state layers keep their own block table: planned apart, then added back.
+    hidden = {n: s for n, s in specs.items() if isinstance(s, AttentionSpec) and s.kind is SpecKind.HIDDEN_STATE}
+    rest = {n: s for n, s in specs.items() if n not in hidden}
+    if layout.is_block_outermost and len({s.page_size_bytes for s in rest.values()}) > 1:
+        # Block-outermost blocks are strided by the widest group: hidden groups need no alignment.
+        return _packed_groups(rest) + [KVCacheGroup((n,), s) for n, s in hidden.items()]
     try:
-        unified = unify_page_size(specs)
+        unified = unify_page_size(rest)
     except StartupError:
-        fallback = _full_allocation_fallback(specs)
+        fallback = None if hidden else _full_allocation_fallback(specs)
         if fallback is None:
             raise
         return fallback
-    return _uniform_page_groups(unified)
+    groups = _uniform_page_groups(unified)
+    return _with_hidden_state_groups(groups, hidden) if hidden else groups
+
+
+def _with_hidden_state_groups(groups: list[KVCacheGroup], hidden: dict[str, AttentionSpec]) -> list[KVCacheGroup]:
+    """``get_kv_cache_groups``' hidden-state tail: the common page grows (every group's block
+    size scaled) until it holds one token of the widest hidden state (``_ensure_min_page_size``),
+    then each hidden-state layer gets its own group with the largest block size that divides the
+    groups' GCD and fits the page, padded to the common page."""
+    common_page = groups[0].spec.page_size_bytes
+    per_token = {n: s.num_kv_heads * s.head_size * s.element_size for n, s in hidden.items()}
+    widest = max(per_token.values())
+    if widest > common_page:
+        scale = -(-widest // common_page)
+        common_page *= scale
+        scaled = []
+        for g in groups:
+            spec = g.spec.with_block_size(g.spec.block_size * scale)  # type: ignore[union-attr]
+            if getattr(g.spec, "page_size_padded", None) is not None:
+                spec = replace(spec, page_size_padded=g.spec.page_size_padded * scale)  # type: ignore[union-attr]
+            scaled.append(KVCacheGroup(g.layer_names, spec))
+        groups = scaled
+    group_block_size = math.gcd(*(g.spec.block_size for g in groups))
+    out = list(groups)
+    for name, spec in hidden.items():
+        fits = max(common_page // per_token[name], 1)
+        block_size = next(c for c in range(min(group_block_size, fits), 0, -1) if group_block_size % c == 0)
+        out.append(KVCacheGroup((name,), replace(spec, block_size=block_size, page_size_padded=common_page)))
+    return out
 
 
 _PROMOTIONS = {

@@ -43,6 +43,9 @@ class SpecKind(str, enum.Enum):
     ENCODER_ONLY = "encoder_only_attention"
     CROSS = "cross_attention"
     MAMBA = "mamba"
+    HIDDEN_STATE = "hidden_state"
+    """``HiddenStateCacheSpec``: an ``MLAAttentionSpec`` subclass (no V) with one head per captured
+    layer; planned apart from the other groups (``get_kv_cache_groups``)."""
     RSWA = "rswa"
     """``RSWASpec``: vLLM reports it as ``full_attention`` (``KVCacheSpecRegistry.get_kind``
     matches it as a ``FullAttentionSpec``), but it is its own class, so it never equals a
@@ -50,12 +53,13 @@ class SpecKind(str, enum.Enum):
 
     @property
     def is_mla(self) -> bool:
-        return self in (SpecKind.MLA, SpecKind.SLIDING_WINDOW_MLA)
+        """An ``MLAAttentionSpec`` (or SW-MLA) class: the hidden-state cache is one too."""
+        return self in (SpecKind.MLA, SpecKind.SLIDING_WINDOW_MLA, SpecKind.HIDDEN_STATE)
 
     @property
     def uniform_type_base(self) -> str:
         """``KVCacheSpecRegistry.get_uniform_type_base_spec``: MLA and sinks count as full."""
-        if self in (SpecKind.FULL, SpecKind.MLA, SpecKind.SINK_FULL, SpecKind.RSWA):
+        if self in (SpecKind.FULL, SpecKind.MLA, SpecKind.SINK_FULL, SpecKind.RSWA, SpecKind.HIDDEN_STATE):
             return "full"
         return self.value
 
@@ -348,6 +352,7 @@ _VLLM_CLASS = {
     SpecKind.CROSS: "CrossAttentionSpec",
     SpecKind.MAMBA: "MambaSpec",
     SpecKind.RSWA: "RSWASpec",
+    SpecKind.HIDDEN_STATE: "HiddenStateCacheSpec",
 }
 
 

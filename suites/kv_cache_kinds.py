@@ -88,7 +88,8 @@ INVENTORY: tuple[Coverage, ...] = (
           "encoder-only models' metadata (v1/worker/gpu_model_runner.py); " + _NOT_YET),
     _spec("RSWASpec", "R-SWA: prefill kept, a window of generated tokens", "rswa", "rswa-flashinfer-b128-k64",
           "yes", True),
-    _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", why=_NOT_YET),
+    _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", "hidden_state",
+          "hidden-states-swa-hybrid", "yes", True),
     _spec("CircularBufferSpec", "one ring block per request, no slot mapping",
           why="only in the class-level block-table scenarios (suites/block_table_scenarios.py); no case kind "
           "yet: its users are DeepSeek V4.1's compressor, GLM-5-next's tail cache, Qwen4's QSA key state, "
@@ -129,7 +130,8 @@ INVENTORY: tuple[Coverage, ...] = (
            "mla_indexer", "dsv32-indexer-b64", "yes", True,
            "DeepSeek V3.2's sparse-MLA indexer K cache, on its own DEEPSEEK_V32_INDEXER backend"),
     _layer("model_executor/models/extract_hidden_states.py", "CacheOnlyAttentionLayer", "HiddenStateCacheSpec",
-           why=_NOT_YET),
+           "hidden_state", "hidden-states-dense-b16", "yes", True,
+           "built as a target layer (the extract_hidden_states proposer is not driven)"),
     _layer("model_executor/models/whisper_causal.py", "WhisperCausalAttentionWithBlockPooling",
            "FullAttentionSpec (tokens_per_state < 1)", why="fractional tokens per state: " + _NOT_YET),
     _layer("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache", "SlidingWindowMLASpec", why=_DSV4),

@@ -360,6 +360,30 @@ def _build() -> dict[str, CaseConfig]:
             note="dsv32-indexer-b64 at block 128: the indexer's and FlashMLA's 64-token kernel blocks split every block in two.",
         ),
         CaseConfig(
+            "hidden-states-dense-b16",
+            _qwen3_like(2, head_size=64)
+            + (LayerConfig("model.cache_only_layers.2", kind="hidden_state", backend="CACHE_ONLY_ATTN",
+                           num_kv_heads=3, head_size=1024),),
+            block_size=16,
+            num_blocks=8,
+            note="extract_hidden_states: a CacheOnlyAttentionLayer storing 3 captured layers' hidden states "
+            "(1024 wide) beside the target's layers, one uniform-type group (HiddenStateCacheSpec is an "
+            "MLAAttentionSpec, so a FullAttentionSpec subclass). Built as a target layer: the "
+            "extract_hidden_states proposer is not driven.",
+        ),
+        CaseConfig(
+            "hidden-states-swa-hybrid",
+            uniform_layers(1, num_kv_heads=1, head_size=64)
+            + uniform_layers(1, start=1, kind="sliding_window", sliding_window=64, num_kv_heads=1, head_size=64)
+            + (LayerConfig("model.cache_only_layers.2", kind="hidden_state", backend="CACHE_ONLY_ATTN",
+                           num_kv_heads=3, head_size=4096),),
+            block_size=16,
+            num_blocks=8,
+            note="A hybrid target: the hidden-state layer is planned apart; one token of it (24 KiB) outgrows the "
+            "4 KiB common page, so every group's block size is scaled 6x (_ensure_min_page_size) and the "
+            "hidden-state group gets 1-token blocks padded to the page.",
+        ),
+        CaseConfig(
             "sink-fa-b16",
             _qwen3_like(2, kind="sink_full", sink_len=128, head_size=64),
             block_size=16,

@@ -40,13 +40,15 @@ FAMILIES = (
     "rswa",
     "prefix_lm",
     "mla_indexer",
+    "hidden_state",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
 R-SWA attention (``RSWAAttention``, after a causal full layer half the time: vLLM's merge
 then makes the group plain full attention) and Prefix-LM attention
 (``PrefillPrefixLMAttention``, with a causal draft half the time) and DeepSeek V3.2's MLA
-layers each with its indexer K cache (``DeepseekV32IndexerCache``). A seeded profile's configs
+layers each with its indexer K cache (``DeepseekV32IndexerCache``), and a target (dense, or with
+sliding windows) beside extract_hidden_states' ``CacheOnlyAttentionLayer``. A seeded profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -63,7 +65,7 @@ def _parallel(pick: Callable[[Sequence[Any]], Any], family: str) -> tuple[int, i
     tp = pick((1, 2, 4, 8))
     dcp = pick((1, 2, 4))
     mla = family == "mla_draft"
-    if family in ("swa_hybrid", "encoder_decoder"):
+    if family in ("swa_hybrid", "encoder_decoder", "hidden_state"):  # hidden_state may draw windows
         dcp = 1
     if family == "encoder_decoder":
         tp = 1
@@ -170,6 +172,14 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
                             backend="DEEPSEEK_V32_INDEXER", head_size=132),
             )
         ]
+    elif family == "hidden_state":
+        if pick((False, True)):
+            layers += [
+                attention(f"model.layers.{i}.self_attn.attn", "sliding_window", cache_dtype="auto", sliding_window=64)
+                for i in extra_layers()
+            ]
+        layers.append(LayerConfig(f"model.cache_only_layers.{len(layers)}", kind="hidden_state", backend="CACHE_ONLY_ATTN",
+                                  num_kv_heads=pick((1, 3)), head_size=pick((512, 2048, 4096))))
     elif family == "encoder_decoder":
         layers = [
             attention(f"model.decoder.layers.{i}.{sub}.attn", kind)

@@ -184,6 +184,11 @@ def _build_layer(layer, cache_config, vc):
         # As DeepSeek V3.2's Indexer builds it: uint8 (fp8 keys + fp32 scales), its own backend.
         return DeepseekV32IndexerCache(head_dim=layer.head_size, dtype=torch.uint8, prefix=layer.name,
                                        cache_config=layer_cache)
+    if kind == "hidden_state":
+        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
+
+        # As ExtractHiddenStatesModel builds it: one head per captured layer, head size = hidden size.
+        return CacheOnlyAttentionLayer(layer.num_kv_heads, layer.head_size, cache_config=layer_cache, prefix=layer.name)
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")

@@ -225,7 +225,8 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
     from reference.specs import MambaSpec, SpecKind, first_layer_spec
 
     scheduled = (SpecKind.FULL, SpecKind.MLA, SpecKind.SLIDING_WINDOW, SpecKind.SLIDING_WINDOW_MLA,
-                 SpecKind.CHUNKED_LOCAL, SpecKind.SINK_FULL, SpecKind.RSWA)
+                 SpecKind.CHUNKED_LOCAL, SpecKind.SINK_FULL, SpecKind.RSWA,
+                 SpecKind.HIDDEN_STATE)
     case = derivation.case
     dcp = case.decode_context_parallel_size
     out: list[dict[str, Any]] = []
