@@ -353,7 +353,9 @@ def _resolve_layout(case: CaseConfig, specs: dict[str, LayerSpec], backends: dic
     declared = [(name, bk.get_backend(name).supported_layouts(case.capability)) for name in dict.fromkeys(backends.values())]
     candidates = supported_layouts(declared)
     hnc = {(s.num_heads, s.num_states, s.page_size_bytes) for s in specs.values()}
-    use_mla = any(s.kind.is_mla for s in specs.values() if not s.is_draft)
+    # ModelConfig.use_mla: the model's attention, not a spec's class (extract_hidden_states' cache
+    # is an MLAAttentionSpec beside a model that is not MLA).
+    use_mla = any(s.kind in (SpecKind.MLA, SpecKind.SLIDING_WINDOW_MLA) for s in specs.values() if not s.is_draft)
     connector_layout = None
     if case.connector in _CONNECTOR_LAYOUT and not (use_mla and case.connector in ("nixl", "mooncake")):
         connector_layout = _CONNECTOR_LAYOUT[case.connector]
@@ -431,9 +433,16 @@ def _check_metadata_builders(
                     f"flex_attn_kv_block_size must be a power of 2 and divisible by flex_attn_block_n, got {kbs}, None",
                     where="vllm.v1.attention.backends.flex_attention.FlexAttentionMetadataBuilder._get_block_sizes",
                 )
-    # Every builder is made (initialize_metadata_builders) before any cache is viewed in kernel
-    # blocks (initialize_kv_cache_tensors): a builder's refusal comes first, whatever the layer order.
-    for gid, group in enumerate(d_plan.groups):
+    return per_layer
+
+
+def _check_kernel_views(d_plan: KVCachePlan, backends: dict[str, str], views: dict[str, TensorView],
+                        per_layer: dict[str, int]) -> None:
+    """``map_kv_cache_to_kernel_blocks`` in ``initialize_kv_cache_tensors``: a packed layout's
+    block cannot be viewed as the kernel blocks a builder was given. Every builder exists
+    before this (``initialize_metadata_builders`` comes first in both runners), so a builder's
+    refusal, and MRv2's DCP check, come first whatever the layer order."""
+    for group in d_plan.groups:
         for name in group.layer_names:
             spec = layer_spec_of(group.spec, name)
             kbs = per_layer.get(name)
@@ -444,7 +453,6 @@ def _check_metadata_builders(
                     "VLLM_KV_CACHE_LAYOUT to a layer-compact layout (e.g. LBNHC).",
                     where="vllm.v1.worker.utils.AttentionGroup.map_kv_cache_to_kernel_blocks",
                 )
-    return per_layer
 
 
 def _connector_kernel_block_size(case: CaseConfig, specs: dict[str, LayerSpec], backends: dict[str, str], cache_block_size: int) -> int | None:
@@ -533,6 +541,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         # builders (gpu/model_runner.py: check_attention_cp_compatibility follows it), so
         # a builder's refusal comes first there.
         _check_decode_context_parallel_backends(case, backends)
+    _check_kernel_views(kv_plan, backends, views, builder_sizes)
     prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
     cache_block_size = min(prefix_cacheable)
     grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}
