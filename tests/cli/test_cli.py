@@ -226,8 +226,11 @@ def test_internal_errors_exit_3_without_traceback(monkeypatch: pytest.MonkeyPatc
 def test_run_filters_by_backend_and_model() -> None:
     out = kvconform("run", "--reference-only", "--backend", "FLASHMLA", "--json", "-")
     assert out.returncode == 0, out.stderr
-    names = [r["case"] for r in json.loads(out.stdout)["results"]]
-    assert names and all("mla" in n for n in names)
+    results = json.loads(out.stdout)["results"]
+    assert results and all(any(l.get("backend") == "FLASHMLA" for l in r["config"]["layers"]) for r in results)
+    from suites.named_cases import CASES
+
+    assert [r["case"] for r in results] == [n for n, c in CASES.items() if any(l.backend == "FLASHMLA" for l in c.layers)]
     zoo = kvconform("run", "--reference-only", "--model", "llama3-8b", "--json", "-")
     assert zoo.returncode == 0, zoo.stderr
     assert [r["case"] for r in json.loads(zoo.stdout)["results"]] == ["llama3-8b-flash_attn-b16", "llama3-8b-flashinfer-b16"]
