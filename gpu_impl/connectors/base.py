@@ -162,4 +162,35 @@ class TransferWorkerAdapter(BuiltInAdapter):
         return [int(k) for k in out[gid]]
 
 
-__all__ = ["BuiltInAdapter", "TransferWorkerAdapter", "ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges", "RegistrationContext", "Undrivable"]
+
+def _block_span(cache: Any, block: int) -> tuple[int, int]:
+    """The bytes ``[start, end)`` of one block of a registered view, from its own strides."""
+    view = cache[block]
+    size = view.element_size()
+    start = view.storage_offset() * size
+    last = sum((n - 1) * st for n, st in zip(view.shape, view.stride()) if n > 0) * size
+    return start, start + last + size
+
+
+def groups_alias(kv_cache_config: Any, caches: Mapping[str, Any]) -> bool:
+    """Whether the same block id addresses the same bytes in two KV cache groups (a hybrid
+    model's uniform-page grouping overlays its groups on one allocation; a block id is owned
+    by one group at a time, which the adapter's single id list cannot mimic)."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) < 2:
+        return False
+    block = 1 if next(iter(caches.values())).shape[0] > 1 else 0
+    spans = [(g, _block_span(caches[name], block)) for g, group in enumerate(groups)
+             for name in group.layer_names if name in caches]
+    return any(ga != gb and a[0] < b[1] and b[0] < a[1] for ga, a in spans for gb, b in spans)
+
+
+ALIASED_GROUPS = (
+    "the KV cache groups alias one allocation (a hybrid model's uniform-page grouping) and this adapter's "
+    "round trip gives every group the same block ids, so the connector's transfer of one group cannot be "
+    "told from another's: not driven yet"
+)
+
+__all__ = [
+    "ALIASED_GROUPS",
+    "groups_alias","BuiltInAdapter", "TransferWorkerAdapter", "ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges", "RegistrationContext", "Undrivable"]

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
+from gpu_impl.connectors.base import ALIASED_GROUPS, BuiltInAdapter, Ranges, Undrivable, groups_alias
 from gpu_impl.connectors.cuda_stand_ins import SyncEvent, SyncStream
 from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
@@ -257,6 +257,8 @@ class HF3FSAdapter(BuiltInAdapter):
         if pool > MAX_INTERPRETED_POOL_BYTES:
             raise Undrivable(f"the {pool}-byte pool is over the {MAX_INTERPRETED_POOL_BYTES} bytes HF3FS's Triton "
                              "kernels are run on in the interpreter (minutes per MiB; a GPU runs them compiled)")
+        if groups_alias(kcc, kv_caches):
+            raise Undrivable(ALIASED_GROUPS)
         self.conn = conn
         self.caches = dict(kv_caches)
         manager = conn._async_manager

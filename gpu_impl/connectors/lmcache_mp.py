@@ -29,7 +29,7 @@ import time
 from typing import Any, Iterator, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import BuiltInAdapter, Ranges, Undrivable
+from gpu_impl.connectors.base import ALIASED_GROUPS, BuiltInAdapter, Ranges, Undrivable, groups_alias
 from gpu_impl.connectors.vllm_setup import case_plan, set_until_exit, use_transfer_config
 
 CONNECTOR_MODULE = "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector"
@@ -226,6 +226,12 @@ class LMCacheMPAdapter(BuiltInAdapter):
         # its CUDA kernel is reported from here (its torch ops refuse it, and the server
         # swallows that: the store would just miss).
         self.descriptors(next(iter(self.caches)), min(1, self.ctx.num_blocks - 1))
+        # The round trip gives every KV cache group the same block ids (_step). Where groups
+        # alias one tensor (a hybrid model's uniform-page grouping: each tensor holds one layer
+        # of every group), those ids make the groups' blocks the same bytes, so what LMCache
+        # moves for one group cannot be told from another's: say so rather than judge it.
+        if groups_alias(kcc, self.caches):
+            raise Undrivable(ALIASED_GROUPS)
 
     # -- the connector's own planning and copy paths
     def _request(self, tokens: list[int]):
@@ -362,6 +368,7 @@ class LMCacheMPEngineDrivenAdapter(LMCacheMPAdapter):
     @property
     def kernel_block_size(self) -> int:
         return self.worker.worker_adapter.transfer_ctx.engine_driven_context.metadata.block_size
+
 
 
 __all__ = ["InProcessTransport", "LMCacheMPAdapter", "LMCacheMPEngineDrivenAdapter", "SharedTensorHandle"]
