@@ -12,7 +12,8 @@ would build its attention layers from it on one rank (``tensor_parallel_size``, 
   ``layer_types`` or all of them slide) and the per-model code (``per_layer_sliding_window``);
   ``layer_types`` defaults are transformers' (Gemma 3: 5 local then 1 global; Gemma 2 and
   GPT-OSS: alternating, local first; Qwen2/3: ``use_sliding_window`` and ``max_window_layers``);
-- MLA (DeepSeek-V3): one 576-wide latent head (``kv_lora_rank + qk_rope_head_dim``);
+- MLA (DeepSeek-V3, V3.2): one 576-wide latent head (``kv_lora_rank + qk_rope_head_dim``); V3.2 adds
+  each layer's sparse-attention indexer K cache (``DeepseekV32IndexerCache``);
 - Mamba-like state layers: ``get_mamba_state_shape_from_config`` /
   ``get_mamba_state_dtype_from_config`` of the vLLM model class, recomputed here;
 - speculative drafts (DeepSeek MTP, an Eagle3 head) as ``is_draft`` layers named after the
@@ -59,7 +60,8 @@ _DECODER_ONLY = {
     "gemma3_text",
     "gpt_oss",
 }
-_SUPPORTED = _DECODER_ONLY | {"deepseek_v3", "qwen3_next", "nemotron_h", "whisper"}
+_SUPPORTED = _DECODER_ONLY | {"deepseek_v3", "deepseek_v32", "qwen3_next", "nemotron_h", "whisper"}
+_DEEPSEEK_MLA = {"deepseek_v3", "deepseek_v32"}
 
 # vLLM's _get_and_verify_dtype: float32 checkpoints are served in the platform's half
 # dtype (bfloat16 on SM80+) unless --dtype says otherwise.
@@ -98,7 +100,7 @@ class ZooModel:
 
     @property
     def is_mla(self) -> bool:
-        return self.model_type == "deepseek_v3"
+        return self.model_type in _DEEPSEEK_MLA
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -117,6 +119,16 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
             "the MTP layer is a draft of the same MLA kind under the target's backend"
         )
         notes.append("no sparse indexer (DeepSeek-V3.2's DSA is not part of V3)")
+    if model_type == "deepseek_v32":
+        notes.append(
+            "MLA latent cache modeled as one 576-wide head under a dense MLA backend (the sparse-MLA "
+            "backends and their spec fields, topk_buffer_width, are not modeled); each layer's indexer "
+            "K cache is the mla_indexer kind (DeepseekV32IndexerCache, 132 uint8 per token)"
+        )
+        notes.append(
+            "config.json reconstructed, not fetched (no network here): DeepSeek-V3's published config "
+            "with DeepSeek-V3.2-Exp's architectures, model_type and index_n_heads/index_head_dim/index_topk"
+        )
     if model_type == "gpt_oss":
         notes.append(
             "attention sinks change compute only (Attention(..., sinks=...) keeps the plain "
@@ -344,7 +356,7 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
         prefix = "language_model.model" if "text_config" in model.config else "model"
         for i, window in enumerate(sliding_windows(text, mt)):
             layers.append(attention(f"{prefix}.layers.{i}.self_attn.attn", attn, window))
-    elif mt == "deepseek_v3":
+    elif mt in _DEEPSEEK_MLA:
         mla = _attention_backend(backend, mla=True)
         width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
         total = n + text.get("num_nextn_predict_layers", 0)
@@ -360,6 +372,20 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
                     is_draft=i >= n,
                 )
             )
+            if mt == "deepseek_v32":
+                # DeepseekV2DecoderLayer builds an Indexer on every layer (index_topk_freq 1),
+                # the MTP layer's too; its K cache is fp8 keys plus one fp32 scale per 128
+                # (Indexer: head_dim + head_dim // quant_block_size * 4 bytes of uint8).
+                layers.append(
+                    LayerConfig(
+                        f"model.layers.{i}.self_attn.indexer.k_cache",
+                        kind="mla_indexer",
+                        backend="DEEPSEEK_V32_INDEXER",
+                        num_kv_heads=1,
+                        head_size=text["index_head_dim"] + text["index_head_dim"] // 128 * 4,
+                        is_draft=i >= n,
+                    )
+                )
     elif mt == "qwen3_next":
         attn = _attention_backend(backend, mla=False)
         for i, t in enumerate(layer_types(text, mt)):

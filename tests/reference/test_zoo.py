@@ -24,6 +24,13 @@ COMBOS = (("FLASH_ATTN", 16, None), ("FLASHINFER", 128, "LBNHC"), ("TRITON_ATTN"
 
 # (model, backend, block size) -> (error class, text in its message, why).
 EXPECTED_ERRORS = {
+    ("deepseek-v3.2-exp", "FLASH_ATTN", 16): (
+        StartupError,
+        "No common block size for 16",
+        "DeepseekV32IndexerBackend supports only 64-token kernel blocks on CUDA (v1/attention/backends/mla/"
+        "indexer.py), which a 16-token block cannot hold; served, vLLM raises --block-size for it first "
+        "(update_block_size_for_backend, not modeled: the case's block size is taken as final)",
+    ),
     ("whisper-large-v3", "FLASHINFER", 128): (
         StartupError,
         "ENCODER_DECODER not supported",
@@ -211,6 +218,18 @@ def test_deepseek_v3_is_576_wide_single_head_mla_with_an_mtp_draft() -> None:
     d = derive(_case("deepseek-v3", "FLASHINFER", 128))
     assert len(d.groups) == 1 and d.kernel_block_sizes == (64,)
     assert d.registered["model.layers.61.self_attn.attn"].shape[-1] == 576
+
+
+def test_deepseek_v32_adds_an_indexer_cache_to_every_layer_and_the_mtp_draft() -> None:
+    case = _case("deepseek-v3.2-exp", "FLASHMLA", 64)
+    assert _kinds(case) == {"mla": 62, "mla_indexer": 62}
+    indexers = [l for l in case.layers if l.kind == "mla_indexer"]
+    assert {(l.head_size, l.backend) for l in indexers} == {(132, "DEEPSEEK_V32_INDEXER")}  # 128 fp8 + one fp32 scale
+    assert [l.name for l in case.layers if l.is_draft] == [
+        "model.layers.61.self_attn.attn", "model.layers.61.self_attn.indexer.k_cache"]
+    d = derive(case)
+    assert len(d.groups) == 1 and d.kernel_block_sizes == (64,)
+    assert d.registered["model.layers.0.self_attn.indexer.k_cache"].shape == (d.num_blocks, 1, 64, 132)
 
 
 def test_eagle3_draft_follows_the_llama3_target() -> None:

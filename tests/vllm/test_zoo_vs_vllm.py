@@ -175,7 +175,7 @@ def test_zoo_reads_configs_like_transformers(name) -> None:
         warnings.simplefilter("ignore")
         parsed = transformers.AutoConfig.for_model(model.config["model_type"], **raw).get_text_config()
     n = model.text_config.get("num_hidden_layers", model.text_config.get("decoder_layers"))
-    if model.model_type in ("whisper", "deepseek_v3", "nemotron_h"):
+    if model.model_type in ("whisper", "deepseek_v3", "deepseek_v32", "nemotron_h"):
         assert getattr(parsed, "sliding_window", None) is None
         return
     types = getattr(parsed, "layer_types", None)
