@@ -104,6 +104,16 @@ FIELD_ROWS = [
     ("mamba-shape-huge", _case(layer={"kind": "mamba", "backend": "MAMBA2_ATTN", "mamba_shapes": [[2**20, 2**20]]}),
      "expected at most"),
     ("capability-bool", _case(capability=[True, 0]), "capability"),
+    # The kinds of issue 24: what each needs, and what only one kind may carry.
+    ("rswa-without-window", _case(layer={"kind": "rswa"}), "kind 'rswa' needs rswa_window > 0"),
+    ("rswa-window-text", _case(layer={"kind": "rswa", "rswa_window": "x"}), "rswa_window 'x'"),
+    ("rswa-window-on-full", _case(layer={"rswa_window": 64}), "rswa_window 64 is only for kind 'rswa'"),
+    ("indexer-on-another-backend", _case(layer={"kind": "mla_indexer", "head_size": 132}),
+     "kind 'mla_indexer' runs on DEEPSEEK_V32_INDEXER"),
+    ("indexer-fp8", _case(layer={"kind": "mla_indexer", "backend": "DEEPSEEK_V32_INDEXER", "cache_dtype": "fp8"}),
+     "cache_dtype 'fp8' must be 'auto'"),
+    ("hidden-state-fp8", _case(layer={"kind": "hidden_state", "backend": "CACHE_ONLY_ATTN", "cache_dtype": "fp8"}),
+     "kind 'hidden_state' cache_dtype 'fp8'"),
 ]
 
 
