@@ -14,7 +14,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from reference.specs import vllm_spec_class
 
 # The comparator, expectations and replay line are imported where used: the plugin imports
 # this module whenever pytest starts, in any project that has kvconform installed.
@@ -94,6 +93,7 @@ def reference_observation(case: Any, runner: str = "mrv1") -> Any:
     ``compare(case, runner, reference_observation(case, runner))`` passes by
     construction; tests change a field to see how a divergence is reported.
     """
+    from conformance.derivation_summary import observed_groups
     from reference.derive import derive
     from reference.errors import StartupError
 
@@ -108,7 +108,7 @@ def reference_observation(case: Any, runner: str = "mrv1") -> Any:
         error=None,
         unsupported=None,
         layout=d.layout.name,
-        groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size, spec_type=vllm_spec_class(g.spec)) for g in d.groups),
+        groups=observed_groups(d.groups),
         num_blocks=d.num_blocks,
         bytes_per_block=d.plan.bytes_per_block,
         tensors=tuple(d.plan.tensors),

@@ -6,6 +6,7 @@ Each runner's outcome as JSON-ready data, and the MRv1/MRv2 differences the refe
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from conformance.checks.runners import compare_runners
@@ -13,6 +14,13 @@ from reference.config import CaseConfig
 from reference.derive import Derivation, derive
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.specs import vllm_spec_class
+
+
+def observed_groups(groups: Any) -> tuple[SimpleNamespace, ...]:
+    """The reference's KV cache groups as a driver reports them (``GroupObs``: layer names,
+    block size, vLLM spec class)."""
+    return tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size,
+                                 spec_type=vllm_spec_class(g.spec)) for g in groups)
 
 
 def derivation_summary(d: Derivation) -> dict[str, Any]:
@@ -90,7 +98,6 @@ def reference_outcome(case: CaseConfig, runner: str) -> dict[str, Any]:
 def _facts(case: CaseConfig, runner: str) -> Any:
     """The reference's outcome for one runner in the attribute names ``conformance.diff``
     compares observations by (a refusal is ``error``; not modeled is ``unsupported``)."""
-    from types import SimpleNamespace
 
     empty = dict(layout=None, groups=(), num_blocks=None, bytes_per_block=None, tensors=(), kernel_block_sizes=(),
                  registered={}, layer_backends={}, fidelity="reference")
@@ -103,7 +110,7 @@ def _facts(case: CaseConfig, runner: str) -> Any:
     if case.generation == 1:
         return SimpleNamespace(
             error=None, unsupported=None, fidelity="reference", layout=d.layout, num_blocks=d.num_blocks, bytes_per_block=None,
-            groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size, spec_type=vllm_spec_class(g.spec)) for g in d.groups),
+            groups=observed_groups(d.groups),
             tensors=(), kernel_block_sizes=tuple(d.kernel_block_sizes), registered=d.registered,
             layer_backends=dict(d.layer_backends),
         )
@@ -112,7 +119,7 @@ def _facts(case: CaseConfig, runner: str) -> Any:
         unsupported=None,
         fidelity="reference",
         layout=d.layout.name,
-        groups=tuple(SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size, spec_type=vllm_spec_class(g.spec)) for g in d.groups),
+        groups=observed_groups(d.groups),
         num_blocks=d.num_blocks,
         bytes_per_block=d.plan.bytes_per_block,
         tensors=d.plan.tensors,

@@ -37,14 +37,21 @@ indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 sc
 ``hidden_state`` is ``extract_hidden_states``' ``CacheOnlyAttentionLayer`` (``HiddenStateCacheSpec``:
 ``num_kv_heads`` captured layers of ``head_size`` = the hidden size, in the model dtype)."""
 
-HIDDEN_STATE_BACKEND = "CACHE_ONLY_ATTN"
-"""The backend ``CacheOnlyAttentionLayer`` names itself."""
+LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
+    "mla_indexer": ("DEEPSEEK_V32_INDEXER", "DeepseekV32IndexerCache"),
+    "hidden_state": ("CACHE_ONLY_ATTN", "CacheOnlyAttentionLayer"),
+}
+"""Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
+selector validation): kind -> (backend, layer class)."""
 HIDDEN_STATE_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 """What ``CacheOnlyAttentionLayer.__init__`` accepts (it asserts: no quantized cache; its only
 builder, ``ExtractHiddenStatesModel``, replaces a quantized ``--kv-cache-dtype`` with ``auto``)."""
 
-INDEXER_BACKEND = "DEEPSEEK_V32_INDEXER"
-"""The backend ``DeepseekV32IndexerCache.get_attn_backend`` names itself (no selection)."""
+
+def indexer_k_cache_bytes(index_head_dim: int) -> int:
+    """Bytes per token of DeepSeek V3.2's indexer K cache (``Indexer``: fp8 keys plus one fp32
+    scale per 128, ``head_dim + head_dim // quant_block_size * 4`` of uint8): 132 for 128."""
+    return index_head_dim + index_head_dim // 128 * 4
 CONNECTORS = ("nixl", "mooncake", "offloading", "lmcache")
 MAMBA_CACHE_MODES = ("none", "align")
 """``CacheConfig.mamba_cache_mode`` values (vllm/config/cache.py ``MambaCacheMode``)."""
@@ -147,15 +154,13 @@ class LayerConfig:
             raise ConfigError(f"layer {self.name!r}: kind 'rswa' needs rswa_window > 0")
         if self.rswa_window is not None and self.kind != "rswa":
             raise ConfigError(f"layer {self.name!r}: rswa_window {self.rswa_window!r} is only for kind 'rswa', not {self.kind!r}")
-        if self.kind == "mla_indexer" and self.backend != INDEXER_BACKEND:
-            raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' runs on {INDEXER_BACKEND} "
-                              f"(DeepseekV32IndexerCache names it), not {self.backend!r}")
+        if self.kind in LAYER_OWN_BACKENDS and self.backend != LAYER_OWN_BACKENDS[self.kind][0]:
+            backend, layer_class = LAYER_OWN_BACKENDS[self.kind]
+            raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} runs on {backend} "
+                              f"({layer_class} names it), not {self.backend!r}")
         if self.kind == "mla_indexer" and self.cache_dtype != "auto":
             raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' stores uint8 whatever the cache dtype "
                               f"(fp8 keys and fp32 scales); cache_dtype {self.cache_dtype!r} must be 'auto'")
-        if self.kind == "hidden_state" and self.backend != HIDDEN_STATE_BACKEND:
-            raise ConfigError(f"layer {self.name!r}: kind 'hidden_state' runs on {HIDDEN_STATE_BACKEND} "
-                              f"(CacheOnlyAttentionLayer names it), not {self.backend!r}")
         if self.kind == "hidden_state" and self.cache_dtype not in HIDDEN_STATE_CACHE_DTYPES:
             raise ConfigError(f"layer {self.name!r}: kind 'hidden_state' cache_dtype {self.cache_dtype!r} must be one of "
                               f"{', '.join(HIDDEN_STATE_CACHE_DTYPES)} (ExtractHiddenStatesModel gives CacheOnlyAttentionLayer 'auto' for a quantized one)")

@@ -14,7 +14,7 @@ from functools import cached_property
 
 from reference import backends as bk
 from reference.backends import Packing
-from reference.config import CaseConfig, LayerConfig
+from reference.config import CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
 from reference.dtypes import quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import scheduler_block_sizes
@@ -200,7 +200,7 @@ class Derivation:
 
 def layer_backend(case: CaseConfig, layer: LayerConfig, runner: str) -> str:
     """Which backend a layer runs under in ``runner`` (drafts differ: MRv1 vs MRv2, D1)."""
-    if layer.kind in ("mamba", "mla_indexer", "hidden_state"):
+    if layer.kind == "mamba" or layer.kind in LAYER_OWN_BACKENDS:
         return layer.backend  # the layer's own backend, whatever --attention-backend says
     if not layer.is_draft:
         return case.attention_backend or layer.backend
@@ -298,7 +298,7 @@ def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) ->
             raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {backend_name}")
         return raw_spec(case, layer, backend)
     spec = raw_spec(case, layer, backend)
-    if layer.kind not in ("mla_indexer", "hidden_state"):  # these name their backend: no selector validates it
+    if layer.kind not in LAYER_OWN_BACKENDS:  # these name their backend: no selector validates it
         bk.check_backend_accepts(backend, spec, layer.name)
     return bk.customize_attention_spec(backend, spec, case.capability)
 

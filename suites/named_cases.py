@@ -6,7 +6,7 @@ Names are stable: they appear in reports and replay commands.
 
 from __future__ import annotations
 
-from reference.config import CaseConfig, LayerConfig, uniform_layers
+from reference.config import LAYER_OWN_BACKENDS, CaseConfig, LayerConfig, indexer_k_cache_bytes, uniform_layers
 from reference.errors import ConfigError
 from reference.layout import LAYOUT_NAMES as _LAYOUTS
 
@@ -20,6 +20,20 @@ def _qwen3_like(n: int = 2, **layer: object) -> tuple[LayerConfig, ...]:
 def _mla_with_gqa_draft(draft_backend: str = "FLASH_ATTN") -> tuple[LayerConfig, ...]:
     return uniform_layers(2, kind="mla", backend="FLASHMLA", head_size=576) + (
         LayerConfig("draft.layers.2.attn", backend=draft_backend, num_kv_heads=8, head_size=128, is_draft=True),
+    )
+
+
+def mla_with_indexer_caches(n: int, mla_backend: str) -> tuple[LayerConfig, ...]:
+    """DeepSeek V3.2's layers: per layer an MLA latent cache and its indexer's K cache, named as
+    ``DeepseekV2DecoderLayer`` registers them (also the sampler's ``mla_indexer`` family)."""
+    return tuple(
+        layer
+        for i in range(n)
+        for layer in (
+            LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576),
+            LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
+                        backend=LAYER_OWN_BACKENDS["mla_indexer"][0], head_size=indexer_k_cache_bytes(128)),
+        )
     )
 
 
@@ -328,15 +342,7 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "dsv32-indexer-b64",
-            tuple(
-                layer
-                for i in range(2)
-                for layer in (
-                    LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576),
-                    LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
-                                backend="DEEPSEEK_V32_INDEXER", head_size=132),
-                )
-            ),
+            mla_with_indexer_caches(2, "FLASHMLA"),
             block_size=64,
             num_blocks=8,
             note="DeepSeek V3.2: per layer an MLA latent cache and its sparse-attention indexer's K cache "
@@ -346,15 +352,7 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "dsv32-indexer-b128-k64",
-            tuple(
-                layer
-                for i in range(2)
-                for layer in (
-                    LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576),
-                    LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
-                                backend="DEEPSEEK_V32_INDEXER", head_size=132),
-                )
-            ),
+            mla_with_indexer_caches(2, "FLASHMLA"),
             block_size=128,
             num_blocks=4,
             note="dsv32-indexer-b64 at block 128: the indexer's and FlashMLA's 64-token kernel blocks split every block in two.",
@@ -362,7 +360,7 @@ def _build() -> dict[str, CaseConfig]:
         CaseConfig(
             "hidden-states-dense-b16",
             _qwen3_like(2, head_size=64)
-            + (LayerConfig("model.cache_only_layers.2", kind="hidden_state", backend="CACHE_ONLY_ATTN",
+            + (LayerConfig("model.cache_only_layers.2", kind="hidden_state", backend=LAYER_OWN_BACKENDS["hidden_state"][0],
                            num_kv_heads=3, head_size=1024),),
             block_size=16,
             num_blocks=8,
@@ -375,7 +373,7 @@ def _build() -> dict[str, CaseConfig]:
             "hidden-states-swa-hybrid",
             uniform_layers(1, num_kv_heads=1, head_size=64)
             + uniform_layers(1, start=1, kind="sliding_window", sliding_window=64, num_kv_heads=1, head_size=64)
-            + (LayerConfig("model.cache_only_layers.2", kind="hidden_state", backend="CACHE_ONLY_ATTN",
+            + (LayerConfig("model.cache_only_layers.2", kind="hidden_state", backend=LAYER_OWN_BACKENDS["hidden_state"][0],
                            num_kv_heads=3, head_size=4096),),
             block_size=16,
             num_blocks=8,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Sequence
 
-from reference.config import CaseConfig, LayerConfig
+from reference.config import LAYER_OWN_BACKENDS, CaseConfig, LayerConfig
 from reference.errors import ConfigError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
@@ -162,23 +162,17 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         if pick((False, True)):
             layers.append(attention("draft.layers.0.attn", cache_dtype="auto", is_draft=True))
     elif family == "mla_indexer":
-        mla_backend = pick(MLA_BACKENDS)
-        layers = [
-            layer
-            for i in range(n)
-            for layer in (
-                LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576),
-                LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
-                            backend="DEEPSEEK_V32_INDEXER", head_size=132),
-            )
-        ]
+        from suites.named_cases import mla_with_indexer_caches
+
+        layers = list(mla_with_indexer_caches(n, pick(MLA_BACKENDS)))
     elif family == "hidden_state":
         if pick((False, True)):
             layers += [
                 attention(f"model.layers.{i}.self_attn.attn", "sliding_window", cache_dtype="auto", sliding_window=64)
                 for i in extra_layers()
             ]
-        layers.append(LayerConfig(f"model.cache_only_layers.{len(layers)}", kind="hidden_state", backend="CACHE_ONLY_ATTN",
+        layers.append(LayerConfig(f"model.cache_only_layers.{len(layers)}", kind="hidden_state",
+                                  backend=LAYER_OWN_BACKENDS["hidden_state"][0],
                                   num_kv_heads=pick((1, 3)), head_size=pick((512, 2048, 4096))))
     elif family == "encoder_decoder":
         layers = [

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from reference.backends import get_backend
-from reference.config import CaseConfig, LayerConfig
+from reference.config import LAYER_OWN_BACKENDS, CaseConfig, LayerConfig, indexer_k_cache_bytes
 from reference.errors import ConfigError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
@@ -374,15 +374,14 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
             )
             if mt == "deepseek_v32":
                 # DeepseekV2DecoderLayer builds an Indexer on every layer (index_topk_freq 1),
-                # the MTP layer's too; its K cache is fp8 keys plus one fp32 scale per 128
-                # (Indexer: head_dim + head_dim // quant_block_size * 4 bytes of uint8).
+                # the MTP layer's too.
                 layers.append(
                     LayerConfig(
                         f"model.layers.{i}.self_attn.indexer.k_cache",
                         kind="mla_indexer",
-                        backend="DEEPSEEK_V32_INDEXER",
+                        backend=LAYER_OWN_BACKENDS["mla_indexer"][0],
                         num_kv_heads=1,
-                        head_size=text["index_head_dim"] + text["index_head_dim"] // 128 * 4,
+                        head_size=indexer_k_cache_bytes(text["index_head_dim"]),
                         is_draft=i >= n,
                     )
                 )

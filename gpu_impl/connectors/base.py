@@ -162,7 +162,6 @@ class TransferWorkerAdapter(BuiltInAdapter):
         return [int(k) for k in out[gid]]
 
 
-
 def _block_span(cache: Any, block: int) -> tuple[int, int]:
     """The bytes ``[start, end)`` of one block of a registered view, from its own strides."""
     view = cache[block]
@@ -192,5 +191,6 @@ ALIASED_GROUPS = (
 )
 
 __all__ = [
-    "ALIASED_GROUPS",
-    "groups_alias","BuiltInAdapter", "TransferWorkerAdapter", "ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges", "RegistrationContext", "Undrivable"]
+    "ALIASED_GROUPS", "BuiltInAdapter", "ConnectorAdapter", "ConnectorFactory", "ConnectorLike", "LayerInfo", "Ranges",
+    "RegistrationContext", "TransferWorkerAdapter", "Undrivable", "groups_alias",
+]

@@ -370,5 +370,4 @@ class LMCacheMPEngineDrivenAdapter(LMCacheMPAdapter):
         return self.worker.worker_adapter.transfer_ctx.engine_driven_context.metadata.block_size
 
 
-
 __all__ = ["InProcessTransport", "LMCacheMPAdapter", "LMCacheMPEngineDrivenAdapter", "SharedTensorHandle"]

@@ -26,7 +26,7 @@ from conformance.expectations import (
 )
 from reference.derive import derive
 from reference.errors import ConfigError
-from reference.specs import vllm_spec_class
+from conformance.derivation_summary import observed_groups
 from suites.named_cases import CASES
 
 FULL = """
@@ -311,7 +311,7 @@ def _stand_in(case_name: str, runner: str = "mrv1", **changes) -> SimpleNamespac
         error=None,
         layer_backends=dict(d.layer_backends),
         layout=d.layout.name,
-        groups=[SimpleNamespace(layer_names=tuple(g.layer_names), block_size=g.spec.block_size, spec_type=vllm_spec_class(g.spec)) for g in d.groups],
+        groups=observed_groups(d.groups),
         num_blocks=d.num_blocks,
         bytes_per_block=d.plan.bytes_per_block,
         tensors=list(d.plan.tensors),
