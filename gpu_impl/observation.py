@@ -23,6 +23,10 @@ class GroupObs:
     block_size: int
     spec_type: str
     """vLLM spec class name (``FullAttentionSpec``, ``UniformTypeKVCacheSpecs``, ...)."""
+    layer_spec_types: tuple[str, ...] = ()
+    """Per layer (in ``layer_names`` order), the class of its own spec inside the group
+    (``UniformTypeKVCacheSpecs.kv_cache_specs``; the group's class otherwise); empty where a
+    driver does not read it."""
 
 
 @dataclass(frozen=True)

@@ -350,6 +350,13 @@ BACKENDS: dict[str, BackendInfo] = {
             is_mla=True,
         ),
         BackendInfo(
+            "KPOOL_TAIL",
+            "v1/attention/backends/mla/indexer.py",
+            (MultipleOf(1),),
+            layouts=(BLHNC,),
+            kv_cache_dtypes=("auto",),
+        ),
+        BackendInfo(
             "CACHE_ONLY_ATTN",
             "model_executor/models/extract_hidden_states.py",
             (MultipleOf(1),),

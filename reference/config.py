@@ -28,6 +28,7 @@ LAYER_KINDS = (
     "prefix_lm",
     "mla_indexer",
     "hidden_state",
+    "circular_buffer",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
@@ -35,11 +36,15 @@ tokens), ``prefix_lm`` is ``PrefillPrefixLMAttention`` (a non-causal ``FullAtten
 ``mla_indexer`` is DeepSeek V3.2's ``DeepseekV32IndexerCache`` (an ``MLAAttentionSpec`` in the
 indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 scales),
 ``hidden_state`` is ``extract_hidden_states``' ``CacheOnlyAttentionLayer`` (``HiddenStateCacheSpec``:
-``num_kv_heads`` captured layers of ``head_size`` = the hidden size, in the model dtype)."""
+``num_kv_heads`` captured layers of ``head_size`` = the hidden size, in the model dtype),
+``circular_buffer`` is GLM-5-next's ``Glm5NextTailCache`` (``CircularBufferSpec``: one ring block per
+request of ``index_kpool`` x next_power_of_2(ceil((index_kpool + drafts) / index_kpool)) tokens, raw bf16
+key and gate score of ``head_size`` each, no slot mapping)."""
 
 LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
     "mla_indexer": ("DEEPSEEK_V32_INDEXER", "DeepseekV32IndexerCache"),
     "hidden_state": ("CACHE_ONLY_ATTN", "CacheOnlyAttentionLayer"),
+    "circular_buffer": ("KPOOL_TAIL", "Glm5NextTailCache"),
 }
 """Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
 selector validation): kind -> (backend, layer class)."""
@@ -110,6 +115,8 @@ class LayerConfig:
     sink_len: int | None = None
     rswa_window: int | None = None
     """``RSWAAttention(rswa_window=...)``: the generated tokens an R-SWA layer keeps (kind ``rswa``)."""
+    index_kpool: int | None = None
+    """``Glm5NextTailCache(index_kpool=...)``: tokens per compressed key pool, > 1 (kind ``circular_buffer``)."""
     mamba_shapes: tuple[tuple[int, ...], ...] = ()
     mamba_dtypes: tuple[str, ...] = ()
     is_draft: bool = False
@@ -126,7 +133,7 @@ class LayerConfig:
         _int(owner, "num_kv_heads", self.num_kv_heads, 1, MAX_HEADS)
         _int(owner, "head_size", self.head_size, 1, MAX_HEAD_SIZE)
         _optional_int(owner, "head_size_v", self.head_size_v, 1, MAX_HEAD_SIZE)
-        for attr in ("sliding_window", "attention_chunk_size", "rswa_window"):
+        for attr in ("sliding_window", "attention_chunk_size", "rswa_window", "index_kpool"):
             _optional_int(owner, attr, getattr(self, attr), 1, MAX_TOKENS)
         _optional_int(owner, "sink_len", self.sink_len, 0, MAX_TOKENS)
         _flag(owner, "is_draft", self.is_draft)
@@ -154,6 +161,14 @@ class LayerConfig:
             raise ConfigError(f"layer {self.name!r}: kind 'rswa' needs rswa_window > 0")
         if self.rswa_window is not None and self.kind != "rswa":
             raise ConfigError(f"layer {self.name!r}: rswa_window {self.rswa_window!r} is only for kind 'rswa', not {self.kind!r}")
+        if self.kind == "circular_buffer" and (self.index_kpool or 0) < 2:
+            raise ConfigError(f"layer {self.name!r}: kind 'circular_buffer' needs index_kpool >= 2 "
+                              f"(Glm5NextTailCache asserts index_kpool > 1), got {self.index_kpool!r}")
+        if self.index_kpool is not None and self.kind != "circular_buffer":
+            raise ConfigError(f"layer {self.name!r}: index_kpool {self.index_kpool!r} is only for kind 'circular_buffer', not {self.kind!r}")
+        if self.kind == "circular_buffer" and self.cache_dtype != "auto":
+            raise ConfigError(f"layer {self.name!r}: kind 'circular_buffer' stores bf16 whatever the cache dtype "
+                              f"(Glm5NextTailCache); cache_dtype {self.cache_dtype!r} must be 'auto'")
         if self.kind in LAYER_OWN_BACKENDS and self.backend != LAYER_OWN_BACKENDS[self.kind][0]:
             backend, layer_class = LAYER_OWN_BACKENDS[self.kind]
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} runs on {backend} "

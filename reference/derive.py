@@ -36,6 +36,7 @@ _KIND = {
     "prefix_lm": SpecKind.FULL,
     "mla_indexer": SpecKind.MLA,
     "hidden_state": SpecKind.HIDDEN_STATE,
+    "circular_buffer": SpecKind.CIRCULAR_BUFFER,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -265,6 +266,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             kind=kind, block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size, head_size_v=0,
             dtype="uint8", cache_role="indexer", max_tp_shards=1, is_draft=layer.is_draft,
         )
+    if layer.kind == "circular_buffer":
+        return _kpool_tail_spec(case, layer)
     if layer.kind == "hidden_state":
         # CacheOnlyAttentionLayer.get_kv_cache_spec: num_heads x head_size in the model dtype
         # (kv_cache_dtype_str_to_dtype of auto/bf16/fp16), no V, no cache_dtype_str.
@@ -289,6 +292,31 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         # cases do not); page-size unification later rescales it to the full pages.
         spec = spec.with_block_size(_sliding_window_block_size(backend, spec, case.block_size, case.capability))
     return spec
+
+
+def kpool_tail_ring(index_kpool: int, num_speculative_tokens: int = 0) -> int:
+    """``Glm5NextTailCache``'s ring: whole pools covering a pool plus the drafts stashed before
+    acceptance, rounded up to a power of two of pools."""
+    pools = -(-(index_kpool + num_speculative_tokens) // index_kpool)
+    return index_kpool * (1 << (pools - 1).bit_length())
+
+
+def _kpool_tail_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
+    """``Glm5NextTailCache.get_kv_cache_spec`` (models/glm5next/common/attention.py): a
+    ``CircularBufferSpec`` of ``ring`` tokens, two head slots (raw K, gate score) of
+    ``head_size`` bf16 each, replicated across DCP ranks. The drivers build the layers under a
+    config without a speculative config, so the ring counts no drafts (num_speculative_tokens 0)."""
+    assert layer.index_kpool is not None  # LayerConfig validates it for this kind
+    ring = kpool_tail_ring(layer.index_kpool)
+    if case.block_size % ring:
+        raise StartupError(
+            f"Glm5NextTailCache: cache_config.block_size ({case.block_size}) must be a multiple of the tail ring ({ring})",
+            where="vllm.models.glm5next.common.attention.Glm5NextTailCache.get_kv_cache_spec",
+        )
+    return AttentionSpec(
+        kind=SpecKind.CIRCULAR_BUFFER, block_size=ring, num_kv_heads=2, head_size=layer.head_size, head_size_v=0,
+        dtype="bfloat16", dcp_sharded=False, is_draft=layer.is_draft,
+    )
 
 
 def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> LayerSpec:
@@ -486,13 +514,18 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
         raise NotModeledError("KV connectors under DCP are checked by VllmConfig validation, not modeled")
 
 
+_LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer")
+"""Layer kinds with no attention ``impl`` (state-space mixers, DeepSeek V3.2's indexer cache, GLM-5-next's
+tail ring: caches written by other modules' kernels), which ``check_attention_cp_compatibility`` skips."""
+
+
 def _check_decode_context_parallel_backends(case: CaseConfig, backends: dict[str, str]) -> None:
     """Both runners' ``check_attention_cp_compatibility`` (``v1/worker/cp_utils.py``): under
     DCP every attention impl must return the softmax LSE during decode."""
     if case.decode_context_parallel_size <= 1:
         return
     for layer in case.layers:
-        if layer.kind == "mamba":
+        if layer.kind in _LAYERS_WITHOUT_IMPL:
             continue
         backend = backends[layer.name]
         if not bk.BACKENDS[backend].returns_lse:
@@ -542,14 +575,17 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         # a builder's refusal comes first there.
         _check_decode_context_parallel_backends(case, backends)
     _check_kernel_views(kv_plan, backends, views, builder_sizes)
-    prefix_cacheable = [g.spec.block_size for g in kv_plan.groups]
-    cache_block_size = min(prefix_cacheable)
+    # EngineCore._initialize_kv_caches: cache_config.block_size is the smallest block of the
+    # prefix-cacheable groups (a circular buffer's ring is not one), of every group if none is.
+    cacheable = [first_layer_spec(g.spec).prefix_cacheable for g in kv_plan.groups]
+    cache_block_size = min(
+        [g.spec.block_size for g, c in zip(kv_plan.groups, cacheable) if c] or [g.spec.block_size for g in kv_plan.groups]
+    )
     grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}
     scheduler_block, hash_block = scheduler_block_sizes(
         (
-            # Every spec kind modeled here is prefix-cacheable (vLLM's default).
-            (g.spec.block_size, g.spec.dcp_sharded, True, _unaligned_mamba(g.spec))
-            for g in kv_plan.groups
+            (g.spec.block_size, g.spec.dcp_sharded, c, _unaligned_mamba(g.spec))
+            for g, c in zip(kv_plan.groups, cacheable)
         ),
         cache_block_size=cache_block_size,
         decode_context_parallel_size=case.decode_context_parallel_size,

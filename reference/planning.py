@@ -202,7 +202,7 @@ def get_kv_cache_groups(
     if not specs:
         return []
     if not hybrid_manager:
-        specs = promote_local_specs(specs)
+        specs = unify_hybrid_specs(specs)
     values = list(specs.values())
     merged = _merge_equal(values)
     if merged is not None:
@@ -259,6 +259,19 @@ _PROMOTIONS = {
     SpecKind.CHUNKED_LOCAL: SpecKind.FULL,
 }
 """``_promote_local_kv_cache_specs``' promotions (vLLM walks the MRO; the MLA window first)."""
+
+
+def unify_hybrid_specs(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
+    """``unify_hybrid_kv_cache_specs``: promote the DCP-sharded layers and the replicated attention
+    layers (``dcp_sharded`` False: a circular buffer, a replicated draft) each among themselves."""
+    parts: dict[bool, dict[str, LayerSpec]] = {}
+    for name, spec in specs.items():
+        replicated = isinstance(spec, AttentionSpec) and not spec.dcp_sharded
+        parts.setdefault(replicated, {})[name] = spec
+    unified = dict(specs)
+    for part in parts.values():
+        unified.update(promote_local_specs(part))
+    return unified
 
 
 def promote_local_specs(specs: dict[str, LayerSpec]) -> dict[str, LayerSpec]:
@@ -362,7 +375,10 @@ def _packed_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
 
     def is_state(bucket: dict[str, LayerSpec]) -> bool:
         first = next(iter(bucket.values()))
-        return isinstance(first, MambaSpec) or (repeats is None and first.kind is SpecKind.SLIDING_WINDOW)
+        # kv_cache_planning.is_state_bucket: Mamba and circular buffers go down to one state per group.
+        if isinstance(first, MambaSpec) or first.kind is SpecKind.CIRCULAR_BUFFER:
+            return True
+        return repeats is None and first.kind is SpecKind.SLIDING_WINDOW
 
     def widest(by_page: dict[int, list[str]], n: int) -> int:
         return sum(-(-len(names) // n) * page for page, names in by_page.items())

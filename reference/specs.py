@@ -46,6 +46,10 @@ class SpecKind(str, enum.Enum):
     HIDDEN_STATE = "hidden_state"
     """``HiddenStateCacheSpec``: an ``MLAAttentionSpec`` subclass (no V) with one head per captured
     layer; planned apart from the other groups (``get_kv_cache_groups``)."""
+    CIRCULAR_BUFFER = "circular_buffer"
+    """``CircularBufferSpec``: one ring block per request (``max_num_blocks_per_req`` 1), written at
+    ``position % block_size`` by the layer itself: no slot mapping, no prefix caching, no block-table
+    token alignment; its own uniform-type base (``is_uniform_with_collection``) and manager."""
     RSWA = "rswa"
     """``RSWASpec``: vLLM reports it as ``full_attention`` (``KVCacheSpecRegistry.get_kind``
     matches it as a ``FullAttentionSpec``), but it is its own class, so it never equals a
@@ -166,16 +170,21 @@ class AttentionSpec:
         return True
 
     @property
+    def is_ring(self) -> bool:
+        """A ``CircularBufferSpec``: the one attention spec that overrides the four below."""
+        return self.kind is SpecKind.CIRCULAR_BUFFER
+
+    @property
     def uses_slot_mapping(self) -> bool:
-        return True
+        return not self.is_ring
 
     @property
     def prefix_cacheable(self) -> bool:
-        return True
+        return not self.is_ring
 
     @property
     def block_table_token_alignment(self) -> int | None:
-        return 128
+        return None if self.is_ring else 128
 
     def get_block_stride_alignment(self) -> int:
         """Bytes the stride between physical blocks must be a multiple of."""
@@ -194,6 +203,8 @@ class AttentionSpec:
         return replace(self, block_size=k).page_size_bytes
 
     def max_num_blocks_per_req(self, max_len: int, dcp_size: int = 1) -> int:
+        if self.is_ring:
+            return 1  # CircularBufferSpec: the ring occupies one block for the request's lifetime
         return _cdiv(max_len, self.block_size * (dcp_size if self.dcp_sharded else 1))
 
     def with_block_size(self, block_size: int) -> "AttentionSpec":
@@ -353,6 +364,7 @@ _VLLM_CLASS = {
     SpecKind.MAMBA: "MambaSpec",
     SpecKind.RSWA: "RSWASpec",
     SpecKind.HIDDEN_STATE: "HiddenStateCacheSpec",
+    SpecKind.CIRCULAR_BUFFER: "CircularBufferSpec",
 }
 
 

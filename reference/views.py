@@ -224,7 +224,8 @@ def layer_bytes(view: TensorView, byte_strides: tuple[int, ...], spec: LayerSpec
         else:
             k_bytes, v_bytes = spec.head_size * spec.element_size, spec.head_size_v * spec.element_size
         k = make_region(start, k_bytes, page_dims)
-        v = make_region(start + k_bytes, v_bytes, page_dims)
+        # No V at all (a hidden-state cache, a ring's [K, gate] slots): not an empty V region.
+        v = make_region(start + k_bytes, v_bytes, page_dims) if v_bytes else None
     elif packing is Packing.CPU_KV_PLANES:
         # CPU_ATTN reads each head's N*C bytes as [2, N, D]: all K rows, then all V rows.
         if sN != content:

@@ -60,8 +60,12 @@ class _Schedule:
         return grp["block_size"] * (self.W if sharded else 1)
 
     def _needed(self, g: int, tokens: int) -> int:
-        if self.groups[g]["kind"] == "mamba":
+        grp = self.groups[g]
+        if grp["kind"] == "mamba":
             return 1
+        if grp["kind"] == "circular":
+            # A ring is one block per request however long it runs (CircularBufferManager).
+            return min(_cdiv(tokens, self._tokens_per_block(g)), grp["max_num_blocks"])
         return _cdiv(tokens, self._tokens_per_block(g))
 
     def _new_ids(self, g: int, n: int) -> list[int]:

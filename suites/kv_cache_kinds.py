@@ -90,10 +90,10 @@ INVENTORY: tuple[Coverage, ...] = (
           "yes", True),
     _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", "hidden_state",
           "hidden-states-swa-hybrid", "yes", True),
-    _spec("CircularBufferSpec", "one ring block per request, no slot mapping",
-          why="only in the class-level block-table scenarios (suites/block_table_scenarios.py); no case kind "
-          "yet: its users are DeepSeek V4.1's compressor, GLM-5-next's tail cache, Qwen4's QSA key state, "
-          "Step5's tail ring; " + _NOT_YET),
+    _spec("CircularBufferSpec", "one ring block per request, no slot mapping", "circular_buffer", "kpool-tail-b64",
+          "yes", True, "built by GLM-5-next's Glm5NextTailCache; its other users (DeepSeek V4.1's compressor, "
+          "Qwen4's QSA key state, Step5's tail ring) are not driven yet. The ring counts no drafts (the drivers "
+          "build layers without a speculative config)"),
     _spec("MambaSpec", "state-space layers' state (one block per request, or per mamba_block_size)", "mamba",
           "mamba-hybrid", "yes", True),
     _spec("HiSparseHotSpec", "HiSparse's per-request hot cache (no views, no slot mapping)", why=_NOT_YET),
@@ -145,7 +145,9 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", why=_DSV4),
     _layer("models/dots3_note/nvidia/model.py", "Dots3NotePaddedMLAAttention", "MLAAttentionSpec (via MLAAttention)", why=_FAMILY),
     _layer("models/glm5next/common/attention.py", "Glm5NextIndexerCache", "MLAAttentionSpec (via DeepseekV32IndexerCache)", why=_FAMILY),
-    _layer("models/glm5next/common/attention.py", "Glm5NextTailCache", "CircularBufferSpec", why=_FAMILY),
+    _layer("models/glm5next/common/attention.py", "Glm5NextTailCache", "CircularBufferSpec", "circular_buffer",
+           "kpool-tail-b64", "yes", True, "GLM-5-next's kpool tail ring on its own KPOOL_TAIL backend (BLHNC only); "
+           "MRv1 computes a slot mapping for it anyway (expectation mrv1-ring-slot-mapping-reads-past-row)"),
     _layer("models/glm5next/common/kda.py", "Glm5NextLinearAttention", "MambaSpec (KDA state)", why=_FAMILY),
     _layer("models/inkling/amd/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", why=_FAMILY),
     _layer("models/inkling/amd/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", why=_FAMILY),

@@ -37,6 +37,22 @@ def mla_with_indexer_caches(n: int, mla_backend: str) -> tuple[LayerConfig, ...]
     )
 
 
+def mla_with_kpool_tails(n: int, mla_backend: str, index_kpool: int = 4) -> tuple[LayerConfig, ...]:
+    """GLM-5-next's layers as far as they are modeled: per layer an MLA latent cache and its
+    indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``), named as the
+    model registers them (also the sampler's ``kpool_tail`` family). The indexer's compressed K
+    cache (``Glm5NextIndexerCache``, ``tokens_per_state`` = the kpool) is not modeled yet."""
+    return tuple(
+        layer
+        for i in range(n)
+        for layer in (
+            LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576),
+            LayerConfig(f"model.layers.{i}.self_attn.indexer.tail_cache", kind="circular_buffer",
+                        backend=LAYER_OWN_BACKENDS["circular_buffer"][0], head_size=128, index_kpool=index_kpool),
+        )
+    )
+
+
 def _attention_and_mamba(*, num_kv_heads: int, mamba_layers: int, mamba_shapes: tuple[tuple[int, ...], ...]) -> tuple[LayerConfig, ...]:
     """Two attention layers (head size 64) then ``mamba_layers`` Mamba-2 mixers."""
     mixers = tuple(
@@ -356,6 +372,41 @@ def _build() -> dict[str, CaseConfig]:
             block_size=128,
             num_blocks=4,
             note="dsv32-indexer-b64 at block 128: the indexer's and FlashMLA's 64-token kernel blocks split every block in two.",
+        ),
+        CaseConfig(
+            "kpool-tail-b64",
+            mla_with_kpool_tails(2, "FLASHMLA"),
+            block_size=64,
+            num_blocks=8,
+            note="GLM-5-next's kpool tail: per layer an MLA latent cache and a Glm5NextTailCache ring "
+            "(CircularBufferSpec: 4 tokens x [raw K, gate score] x 128 bf16, one block per request, no slot "
+            "mapping, not DCP-sharded). KPOOL_TAIL accepts only BLHNC, so the two groups share block-outermost "
+            "blocks; the ring is not prefix-cacheable, so the cache block size stays 64.",
+        ),
+        CaseConfig(
+            "kpool-tail-b128-k64-refused",
+            mla_with_kpool_tails(2, "FLASHMLA", index_kpool=8),
+            block_size=128,
+            num_blocks=4,
+            note="kpool-tail-b64 at block 128 with an 8-token kpool: KPOOL_TAIL accepts only BLHNC, and FlashMLA's "
+            "64-token kernel blocks cannot be cut out of block-outermost packed 128-token blocks, so vLLM refuses "
+            "(AttentionGroup.map_kv_cache_to_kernel_blocks).",
+        ),
+        CaseConfig(
+            "kpool-tail-triton-b128",
+            mla_with_kpool_tails(2, "TRITON_MLA", index_kpool=8),
+            block_size=128,
+            num_blocks=4,
+            note="The same model on TRITON_MLA (any multiple of 16): no kernel split, an 8-token ring beside "
+            "128-token MLA blocks.",
+        ),
+        CaseConfig(
+            "kpool-tail-ring-refused",
+            mla_with_kpool_tails(2, "FLASHMLA", index_kpool=48),
+            block_size=64,
+            num_blocks=8,
+            note="A 48-token kpool: Glm5NextTailCache asserts the ring divides the block size (64 % 48), so vLLM "
+            "refuses at get_kv_cache_spec.",
         ),
         CaseConfig(
             "hidden-states-dense-b16",

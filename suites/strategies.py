@@ -41,6 +41,7 @@ FAMILIES = (
     "prefix_lm",
     "mla_indexer",
     "hidden_state",
+    "kpool_tail",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
@@ -48,7 +49,8 @@ R-SWA attention (``RSWAAttention``, after a causal full layer half the time: vLL
 then makes the group plain full attention) and Prefix-LM attention
 (``PrefillPrefixLMAttention``, with a causal draft half the time) and DeepSeek V3.2's MLA
 layers each with its indexer K cache (``DeepseekV32IndexerCache``), and a target (dense, or with
-sliding windows) beside extract_hidden_states' ``CacheOnlyAttentionLayer``. A seeded profile's configs
+sliding windows) beside extract_hidden_states' ``CacheOnlyAttentionLayer``, and GLM-5-next's MLA layers each
+with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``). A seeded profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -165,6 +167,11 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         from suites.named_cases import mla_with_indexer_caches
 
         layers = list(mla_with_indexer_caches(n, pick(MLA_BACKENDS)))
+    elif family == "kpool_tail":
+        from suites.named_cases import mla_with_kpool_tails
+
+        # Kpools of 4 and 8 divide every drawn block size but 272; 48 divides 48 and 96 only.
+        layers = list(mla_with_kpool_tails(n, pick(MLA_BACKENDS), pick((4, 8, 48))))
     elif family == "hidden_state":
         if pick((False, True)):
             layers += [

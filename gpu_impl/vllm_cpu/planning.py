@@ -464,7 +464,9 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
                 kv_cache_config = planning.kv_cache_config_from_groups(vc, groups, available)
         result.update(
             groups=tuple(
-                GroupObs(tuple(g.layer_names), g.kv_cache_spec.block_size, type(g.kv_cache_spec).__name__)
+                GroupObs(tuple(g.layer_names), g.kv_cache_spec.block_size, type(g.kv_cache_spec).__name__,
+                         tuple(type(getattr(g.kv_cache_spec, "kv_cache_specs", {}).get(n, g.kv_cache_spec)).__name__
+                               for n in g.layer_names))
                 for g in kv_cache_config.kv_cache_groups
             ),
             num_blocks=kv_cache_config.num_blocks,

@@ -184,6 +184,14 @@ def _build_layer(layer, cache_config, vc):
         # As DeepSeek V3.2's Indexer builds it: uint8 (fp8 keys + fp32 scales), its own backend.
         return DeepseekV32IndexerCache(head_dim=layer.head_size, dtype=torch.uint8, prefix=layer.name,
                                        cache_config=layer_cache)
+    if kind == "circular_buffer":
+        import torch
+        from vllm.models.glm5next.common.attention import Glm5NextTailCache
+
+        # As GLM-5-next's Indexer builds its kpool tail (models/glm5next/common/attention.py): the
+        # ring's size and dtype are the layer's own (get_kv_cache_spec), from index_kpool and drafts.
+        return Glm5NextTailCache(head_dim=layer.head_size, dtype=torch.bfloat16, prefix=layer.name,
+                                 cache_config=layer_cache, index_kpool=layer.index_kpool)
     if kind == "hidden_state":
         from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
 

@@ -558,6 +558,7 @@ _IMPORT_SHIMS = {"CUTLASS_MLA": _cutlass_mla_import, "FLASH_ATTN_MLA": _flash_at
 
 LAYER_OWNED_BACKENDS = {
     "DEEPSEEK_V32_INDEXER": ("vllm.v1.attention.backends.mla.indexer", "DeepseekV32IndexerBackend"),
+    "KPOOL_TAIL": ("vllm.v1.attention.backends.mla.indexer", "KpoolTailBackend"),
     "CACHE_ONLY_ATTN": ("vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionBackend"),
 }
 """Backends no ``AttentionBackendEnum`` member names: the layer returns its class itself

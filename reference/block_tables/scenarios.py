@@ -238,6 +238,12 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
             # as the attention rows: MambaSpec.max_num_blocks_per_req).
             out.append({"kind": "mamba", "block_size": B, "max_num_blocks": spec.max_num_blocks_per_req(case.max_model_len)})
             continue
+        if spec.kind is SpecKind.CIRCULAR_BUFFER:
+            # CircularBufferSpec: one ring block per request, replicated across DCP ranks, no
+            # slot mapping in MRv2 (MRv1 computes one anyway: its kind is not Mamba).
+            out.append({"kind": "circular", "block_size": B, "max_num_blocks": spec.max_num_blocks_per_req(case.max_model_len),
+                        "dcp_sharded": spec.dcp_sharded, "kernel_block_size": derivation.kernel_block_sizes[gid]})
+            continue
         if spec.kind not in scheduled:
             # Cross-attention and encoder-only tables are sized by encoder inputs.
             return f"KV cache group {gid} is {spec.kind.value}: a decoder request schedule does not fill its block table"

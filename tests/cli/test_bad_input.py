@@ -114,6 +114,15 @@ FIELD_ROWS = [
      "cache_dtype 'fp8' must be 'auto'"),
     ("hidden-state-fp8", _case(layer={"kind": "hidden_state", "backend": "CACHE_ONLY_ATTN", "cache_dtype": "fp8"}),
      "kind 'hidden_state' cache_dtype 'fp8'"),
+    ("ring-without-kpool", _case(layer={"kind": "circular_buffer", "backend": "KPOOL_TAIL"}),
+     "kind 'circular_buffer' needs index_kpool >= 2"),
+    ("ring-kpool-one", _case(layer={"kind": "circular_buffer", "backend": "KPOOL_TAIL", "index_kpool": 1}),
+     "index_kpool 1"),
+    ("kpool-on-full", _case(layer={"index_kpool": 4}), "index_kpool 4 is only for kind 'circular_buffer'"),
+    ("ring-on-another-backend", _case(layer={"kind": "circular_buffer", "index_kpool": 4}),
+     "kind 'circular_buffer' runs on KPOOL_TAIL"),
+    ("ring-fp8", _case(layer={"kind": "circular_buffer", "backend": "KPOOL_TAIL", "index_kpool": 4, "cache_dtype": "fp8"}),
+     "kind 'circular_buffer' stores bf16"),
 ]
 
 

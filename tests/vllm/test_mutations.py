@@ -483,6 +483,15 @@ MUTATIONS = (
                                        "scheduler_block_size"}),
     ),
     Mutation(
+        # GLM-5-next's kpool tail ring twice as long as Glm5NextTailCache computes it (its block-table
+        # width stays one block: the ring's page doubles).
+        "kpool-tail-ring-doubled", "kpool-tail-b64", "vllm.models.glm5next.common.attention",
+        "Glm5NextTailCache", _layer_spec_replaced(block_size=lambda spec: spec.block_size * 2), "groups",
+        # The ring's group, kernel and builder blocks, its page (views, strides, offsets) all double.
+        frozenset({"groups", "tensor_placement", "kernel_block_size", "builder_kernel_block_size", "registered_shape",
+                   "registered_offset"}),
+    ),
+    Mutation(
         "scheduler-largest-block", "swa-hybrid-scaled", "vllm.v1.core.kv_cache_utils", "generate_scheduler_kv_cache_config",
         # The hash block is the GCD of the (now equal) group sizes: it moves too.
         _scheduler_uses_largest_block, "cache_block_size", frozenset({"cache_block_size", "scheduler_block_size"}),
