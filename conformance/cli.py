@@ -281,6 +281,30 @@ MAX_WORKERS = 64
 """Worker processes at most (each imports vLLM, ~1 GB): memory stays bounded whatever is asked."""
 
 
+def _shard(text: str):
+    from conformance.shards import ShardError, parse_shard
+
+    try:
+        return parse_shard(text)
+    except ShardError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+SHARD_HELP = ("run only the K-th of N parts of the selection (disjoint, their union the whole selection, "
+              "balanced by expected cost; 'auto': Buildkite's BUILDKITE_PARALLEL_JOB of BUILDKITE_PARALLEL_JOB_COUNT); "
+              "merge the parts' reports with `kvconform report merge`")
+
+
+def _sharded(cases: list, shard: Any) -> tuple[list, dict[str, Any] | None]:
+    """The shard's cases (all of them without --shard) and the record its report carries."""
+    if shard is None:
+        return cases, None
+    from conformance.shards import case_cost, shard_record, take
+
+    mine, positions = take(cases, shard, case_cost)
+    return mine, shard_record(shard, [c.to_json() for c in cases], positions)
+
+
 def _workers(text: str) -> int:
     if text == "auto":
         return min(os.cpu_count() or 1, MAX_WORKERS)
@@ -391,10 +415,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     _check_writable(args.json)
     if args.engine:
+        if args.shard is not None:
+            raise UsageError("--shard splits the vLLM runs; the engine cases run in one engine process (drop --shard with --engine)")
         return _cmd_run_engine(args)
     if args.contract_only and args.reference_only:
         raise UsageError("--contract-only and --reference-only exclude each other (the contract judges vLLM)")
     cases = _run_cases(args)
+    cases, shard = _sharded(cases, args.shard)
     if not args.reference_only:
         import importlib.util
 
@@ -410,6 +437,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cases, judgement = _judged_by_installed_release(cases, contract_only=args.contract_only)
         selection = f"profile {args.profile}, seed {args.seed}"
         selection += "".join(f", {k} {v}" for k, v in (("backend", args.backend), ("model", args.model), ("case", args.case)) if v)
+        if shard is not None:
+            selection += f", shard {args.shard} ({len(cases)} of {shard['selection_size']} cases)"
         return run_against_vllm(
             cases,
             json_target=args.json,
@@ -421,6 +450,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             seed=args.seed,
             schedules=_case_schedules(args),
             judgement=judgement,
+            shard=shard,
         )
     results = []
     quiet = args.json == "-"
@@ -434,7 +464,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             print(f"{case.name:34} {status:13} {detail}")
             for diff in diffs:
                 print(f"{'':34} MRv1/MRv2 differ: {diff}")
-    _write_json({"schema": "kvconform.reference-report/1", "results": results}, args.json)
+    _write_json({"schema": "kvconform.reference-report/1", "results": results, **({"shard": shard} if shard else {})}, args.json)
     if not quiet:
         print(f"\nreference report: {len(results)} cases (no implementation checked: --reference-only)")
     return EXIT_OK
@@ -550,6 +580,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             raise UsageError("--all: generation-1 cases are checked with --connector gpu_impl.connectors.mooncake:MooncakeAdapter")
         return _check_generation1(args, cases)
     runners = tuple(args.runner or ("mrv1", "mrv2"))
+    cases, shard = _sharded(cases, args.shard)
     started = time.monotonic()
     reports, not_driven = [], dict(NOT_DRIVEN) if args.all else {}
     for name, adapter in adapters.items():
@@ -568,6 +599,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     doc = connector_report(reports, vllm_version=_installed_vllm(), not_driven=not_driven,
                            names={a: n for n, a in adapters.items()}, duration_s=round(time.monotonic() - started, 1))
+    if shard is not None:
+        doc["shard"] = shard
     _write_json(doc, args.json)
     if args.markdown:
         write_report_text(args.markdown, to_markdown(doc))
@@ -604,11 +637,46 @@ def _check_generation1(args: argparse.Namespace, cases: Sequence[Any]) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    """A ``kvconform run --json`` report as JUnit XML, Markdown and/or HTML (or just validated)."""
+    """A ``kvconform run --json`` report as JUnit XML, Markdown and/or HTML (or just validated);
+    ``report merge A B ...``: one report out of shards' and hosts' reports (``conformance.merge``)."""
     from conformance.report_formats import convert
 
-    _check_outputs(args, "junit", "markdown", "html")
-    return convert(args.report, junit=args.junit, markdown=args.markdown, html=args.html)
+    _check_outputs(args, "junit", "markdown", "html", "json")
+    if args.report[0] == "merge":
+        return _cmd_report_merge(args, args.report[1:])
+    if len(args.report) != 1:
+        raise UsageError(f"report takes one report, got {len(args.report)} ({' '.join(args.report)}); "
+                         "to combine reports: kvconform report merge A.json B.json ... --json ALL.json")
+    if args.json:
+        raise UsageError("report --json writes a merge: kvconform report merge A.json B.json ... --json ALL.json")
+    return convert(args.report[0], junit=args.junit, markdown=args.markdown, html=args.html)
+
+
+def _cmd_report_merge(args: argparse.Namespace, paths: Sequence[str]) -> int:
+    from conformance.merge import MergeError, merge
+    from conformance.report_formats import render_outputs, unexpected_divergences, write_report_atomically
+
+    if not paths:
+        raise UsageError("report merge needs the reports to merge: kvconform report merge A.json B.json ... --json ALL.json")
+    if not (args.json or args.junit or args.markdown or args.html):
+        raise UsageError("report merge writes its result: give --json FILE (and/or --markdown, --html, --junit)")
+    try:
+        merged = merge(paths)
+    except MergeError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json == "-":
+        print(json.dumps(merged, indent=2, sort_keys=True, default=str))
+    elif args.json:
+        write_report_atomically(Path(args.json), merged)
+    code = render_outputs(merged, junit=args.junit, markdown=args.markdown, html=args.html)
+    if code:
+        return code
+    unexpected = unexpected_divergences(merged)
+    if args.json != "-":
+        envs = len(merged.get("environments") or [merged["environment"]])
+        print(f"kvconform: merged {len(paths)} report(s): {len(merged['results'])} result(s) in {envs} environment(s); "
+              f"{unexpected} unexpected divergence(s)")
+    return EXIT_DIVERGENCE if unexpected else EXIT_OK
 
 
 RUN_REPORT_HELP = "a report written by `kvconform run --json FILE`"
@@ -676,6 +744,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contract-only", action="store_true",
                    help="judge by the contract alone (what every vLLM must satisfy), not by any release's facts")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
+    p.add_argument("--shard", type=_shard, metavar="K/N", help=SHARD_HELP)
     _add_expectations_options(p)
     p.add_argument(
         "--engine",
@@ -691,8 +760,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_expectations_options(p)
     p.set_defaults(func=_cmd_replay)
 
-    p = sub.add_parser("report", help="validate a `kvconform run --json` report and write it as JUnit XML, Markdown or HTML")
-    p.add_argument("report", help=RUN_REPORT_HELP)
+    p = sub.add_parser("report", help="validate a `kvconform run --json` report and write it as JUnit XML, Markdown or HTML; "
+                       "`report merge A B ...`: one report out of shards' and hosts' reports")
+    p.add_argument("report", nargs="+", metavar="REPORT", help=RUN_REPORT_HELP + "; or `merge` and the reports to merge")
+    _add_output_files(p, json="report merge: write the merged report as JSON ('-' for stdout)")
     _add_output_files(p, junit="JUnit XML: one testsuite per runner and one for mrv1=mrv2 ('-' for stdout)",
                       markdown="Markdown: matrix, divergences, configs and replay lines ('-' for stdout)",
                       html="one standalone HTML page ('-' for stdout)")
@@ -712,6 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every built-in adapter (gpu_impl/connectors), one report")
     p.add_argument("--case", action="append", help="named case or case JSON file (repeatable; default: all named cases)")
     p.add_argument("--runner", action="append", choices=("mrv1", "mrv2"), help="runner(s) to derive for (default: both)")
+    p.add_argument("--shard", type=_shard, metavar="K/N", help=SHARD_HELP.replace("merge the parts' reports with `kvconform report merge`", "of the cases"))
     _add_output_files(p, json="also write the report as JSON ('-' for stdout only)",
                       markdown="also write the report as Markdown", html="also write the report as one HTML page")
     p.add_argument("--no-expectations", action="store_true",

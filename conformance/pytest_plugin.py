@@ -172,6 +172,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="judge the installed vLLM by the contract alone, whatever its release (kvconform run --contract-only)",
     )
     group.addoption(
+        "--kvconform-shard",
+        default=None,
+        metavar="K/N|auto",
+        help="run only the K-th of N parts of the collected tests (disjoint, their union every test, balanced by "
+        "each sampled case's expected cost; 'auto': Buildkite's BUILDKITE_PARALLEL_JOB of BUILDKITE_PARALLEL_JOB_COUNT)",
+    )
+    group.addoption(
         "--kvconform-coverage-json",
         default=None,
         metavar="FILE",
@@ -408,6 +415,20 @@ def _has_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    shard_text = config.getoption("kvconform_shard", None)
+    if shard_text:
+        from conformance.shards import ShardError, item_cost, parse_shard, take
+
+        try:
+            shard = parse_shard(shard_text)
+        except ShardError as exc:
+            raise pytest.UsageError(f"--kvconform-shard: {exc}") from None
+        keep, _ = take(list(items), shard, item_cost)
+        kept = set(map(id, keep))
+        dropped = [item for item in items if id(item) not in kept]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = keep
     if run_settings(config).profile == "gpu":
         keep = [item for item in items if item.get_closest_marker("kvconform_gpu")]
         dropped = [item for item in items if not item.get_closest_marker("kvconform_gpu")]

@@ -353,6 +353,24 @@ def _schedules_line(report: Mapping[str, Any]) -> list[str]:
             f"seed {sched.get('seed')}): {_md_cell(runs)}"]
 
 
+def describe_environment(env: Mapping[str, Any]) -> str:
+    """One short label: ``vLLM 0.33.0, torch 2.14.0+cu130, gpu none``."""
+    return f"vLLM {env.get('vllm')}, torch {env.get('torch')}, gpu {env.get('gpu')}"
+
+
+def side_by_side(report: Mapping[str, Any]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """For a merge of several environments: the environment labels, and per case its
+    worst-first status in each (``-`` where that environment did not run it)."""
+    envs = report.get("environments") or [report.get("environment") or {}]
+    labels = [describe_environment(e) for e in envs]
+    cells: dict[str, list[str]] = {}
+    for result in report.get("results", []):
+        row = cells.setdefault(result["case"], ["-"] * len(envs))
+        row[int(result.get("environment", 0))] = " ".join(
+            f"{name}:{r.get('status')}" for name, r in sorted((result.get("runners") or {}).items()))
+    return labels, list(cells.items())
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     """Environment and counts, the backend x check matrix, then every divergence with its config and replay."""
     lines = ["# kvconform conformance report", ""]
@@ -383,6 +401,13 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     for backend in sorted(table):
         lines.append(f"| {_md_cell(backend)} | " + " | ".join(_md_cell(_cell_text(table[backend].get(c, {}))) for c in COLUMNS) + " |")
     lines.append("")
+    if report.get("environments"):
+        labels, rows = side_by_side(report)
+        lines += ["## Environments side by side", "",
+                  "| case | " + " | ".join(_md_cell(label) for label in labels) + " |",
+                  "|---" * (len(labels) + 1) + "|"]
+        lines += [f"| {_md_cell(case)} | " + " | ".join(_md_cell(c) for c in cells) + " |" for case, cells in rows]
+        lines.append("")
 
     failing = [r for r in report["results"] if "fail" in _statuses(r).values() or "missing" in _statuses(r).values()]
     lines += ["## Unexpected divergences", ""]
@@ -487,6 +512,15 @@ def to_html(report: Mapping[str, Any]) -> str:
         )
         out.append(f"<tr><th>{_e(backend)}</th>{cells}</tr>")
     out.append("</table>")
+    if report.get("environments"):
+        labels, side = side_by_side(report)
+        out += ["<h2>Environments side by side</h2>",
+                "<table><tr><th>case</th>" + "".join(f"<th>{_e(label)}</th>" for label in labels) + "</tr>"]
+        for case, cells in side:
+            tds = "".join(f'<td class="s-{_e(_worst(part.split(":")[-1] for part in cell.split()) if cell != "-" else "skipped")}">'
+                          f"{_e(cell)}</td>" for cell in cells)
+            out.append(f"<tr><th>{_e(case)}</th>{tds}</tr>")
+        out.append("</table>")
 
     unused = exp.get("unused") or []
     if unused:
@@ -592,18 +626,9 @@ def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | N
     return data, None
 
 
-def convert(report_path: str | Path, *, junit: str | None = None, markdown: str | None = None, html: str | None = None) -> int:
-    """``kvconform report REPORT [--junit F] [--markdown F] [--html F]``; '-' writes to stdout.
-
-    0: written (or, with no output requested, the report is valid) and the report holds
-    no unexpected divergence; 1: it holds unexpected divergences (counted from the
-    divergences themselves, not from the report's own counts; written outputs are still
-    written); 4: the report is missing, malformed or invalid, or an output cannot be
-    written (one line on stderr).
-    """
-    report, problem = load_report(report_path)
-    if report is None:
-        return _fail(problem or "invalid report")
+def render_outputs(report: Mapping[str, Any], *, junit: str | None = None, markdown: str | None = None,
+                   html: str | None = None) -> int:
+    """Write the JUnit / Markdown / HTML renderings asked for ('-': stdout); 0, or 4 with one line."""
     outputs = [(target, render) for target, render in ((junit, to_junit_xml), (markdown, to_markdown), (html, to_html)) if target]
     if sum(1 for target, _ in outputs if target == "-") > 1:
         return _fail("only one of --junit/--markdown/--html can write to stdout ('-')")
@@ -616,8 +641,27 @@ def convert(report_path: str | Path, *, junit: str | None = None, markdown: str 
             Path(target).write_text(text, encoding="utf-8")
         except OSError as exc:
             return _fail(f"cannot write {target}: {exc.strerror or exc}")
+    return EXIT_OK
+
+
+def convert(report_path: str | Path, *, junit: str | None = None, markdown: str | None = None, html: str | None = None) -> int:
+    """``kvconform report REPORT [--junit F] [--markdown F] [--html F]``; '-' writes to stdout.
+
+    0: written (or, with no output requested, the report is valid) and the report holds
+    no unexpected divergence; 1: it holds unexpected divergences (counted from the
+    divergences themselves, not from the report's own counts; written outputs are still
+    written); 4: the report is missing, malformed or invalid, or an output cannot be
+    written (one line on stderr).
+    """
+    report, problem = load_report(report_path)
+    if report is None:
+        return _fail(problem or "invalid report")
+    outputs = [target for target in (junit, markdown, html) if target]
+    code = render_outputs(report, junit=junit, markdown=markdown, html=html)
+    if code:
+        return code
     unexpected = unexpected_divergences(report)
-    to_stdout = any(target == "-" for target, _ in outputs)
+    to_stdout = any(target == "-" for target in outputs)
     if not outputs:
         state = "complete" if report.get("complete") else "INCOMPLETE"
         print(f"{report_path}: valid {SCHEMA_ID} report ({state}), {len(report['results'])} case(s): {_counts_line(report)}; "

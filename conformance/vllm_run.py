@@ -182,6 +182,7 @@ def _run_against_vllm(
     schedules: int = DEFAULT_SCHEDULES,
     source: ObservationSource | None = None,
     judgement: Any = None,
+    shard: dict[str, Any] | None = None,
 ) -> int:
     """Observe, compare, classify and print; returns the CLI exit code.
 
@@ -248,6 +249,7 @@ def _run_against_vllm(
                 "absorbed": None if verdict is None else _absorbed(verdict),
             },
             "results": results,
+            **({"shard": shard} if shard is not None else {}),
         }
 
     bar = _ProgressBar(len(cases), enabled=not quiet)
@@ -354,6 +356,12 @@ def _run_against_vllm(
             print(f"kvconform: vLLM's and torch's own output: {vllm_log}")
     if not quiet and (basis == "contract" or any(d.basis == "drift" for d in everything)):
         print(f"kvconform: {MEANINGS[basis]}")
+    if not cases and shard is not None:
+        # More shards than cases: this part of the selection is empty, and its report says so.
+        if not quiet:
+            print(f"kvconform: shard {shard['index']}/{shard['count']} holds none of the selection's "
+                  f"{shard['selection_size']} case(s) (more shards than cases): nothing to run")
+        return 0
     if counts.get("pass", 0) + counts.get("fail", 0) + counts.get("expected", 0) + counts.get("refused", 0) == 0:
         if not quiet:
             reasons = sorted({r["detail"] for result in results for r in result["runners"].values() if r["status"] == "unsupported"})

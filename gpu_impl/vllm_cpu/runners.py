@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -113,6 +114,18 @@ def _constructing(layer) -> Iterator[None]:
         yield
 
 
+def _own_layer_class(layer, module: str, name: str):
+    """A kind's own vLLM layer class, imported when a case has that kind: a vLLM without it (an
+    older release, or a venv missing what the module imports, e.g. torchvision) makes only the
+    cases with that kind unsupported, with the reason, not the whole driver."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as exc:  # noqa: BLE001 - any failure to import is "this vLLM cannot build it"
+        detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        raise RunnerUnavailable(f"layer {layer.name!r}: kind {layer.kind!r} is built as {module}.{name}, "
+                                f"which does not import here ({detail})") from None
+
+
 def _build_layer(layer, cache_config, vc):
     """One layer of the case, registered in ``static_forward_context`` under its name."""
     from torch import nn
@@ -140,14 +153,11 @@ def _build_layer(layer, cache_config, vc):
 
                 return StaticSinkAttention(heads, layer.head_size, scale, layer.sink_len, **common)
             if kind == "rswa":
-                from vllm.model_executor.layers.attention.rswa_attention import RSWAAttention
-
+                RSWAAttention = _own_layer_class(layer, "vllm.model_executor.layers.attention.rswa_attention", "RSWAAttention")
                 return RSWAAttention(heads, layer.head_size, scale, rswa_window=layer.rswa_window, **common)
             if kind == "prefix_lm":
-                from vllm.model_executor.layers.attention.prefill_prefix_lm_attention import (
-                    PrefillPrefixLMAttention,
-                )
-
+                PrefillPrefixLMAttention = _own_layer_class(
+                    layer, "vllm.model_executor.layers.attention.prefill_prefix_lm_attention", "PrefillPrefixLMAttention")
                 return PrefillPrefixLMAttention(heads, layer.head_size, scale, **common)
             extra = {}
             if layer.head_size_v is not None and layer.head_size_v != layer.head_size:
@@ -179,22 +189,20 @@ def _build_layer(layer, cache_config, vc):
             )
     if kind == "mla_indexer":
         import torch
-        from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
-
+        DeepseekV32IndexerCache = _own_layer_class(layer, "vllm.model_executor.models.deepseek_v2", "DeepseekV32IndexerCache")
         # As DeepSeek V3.2's Indexer builds it: uint8 (fp8 keys + fp32 scales), its own backend.
         return DeepseekV32IndexerCache(head_dim=layer.head_size, dtype=torch.uint8, prefix=layer.name,
                                        cache_config=layer_cache)
     if kind == "circular_buffer":
         import torch
-        from vllm.models.glm5next.common.attention import Glm5NextTailCache
-
+        Glm5NextTailCache = _own_layer_class(layer, "vllm.models.glm5next.common.attention", "Glm5NextTailCache")
         # As GLM-5-next's Indexer builds its kpool tail (models/glm5next/common/attention.py): the
         # ring's size and dtype are the layer's own (get_kv_cache_spec), from index_kpool and drafts.
         return Glm5NextTailCache(head_dim=layer.head_size, dtype=torch.bfloat16, prefix=layer.name,
                                  cache_config=layer_cache, index_kpool=layer.index_kpool)
     if kind == "hidden_state":
-        from vllm.model_executor.models.extract_hidden_states import CacheOnlyAttentionLayer
-
+        CacheOnlyAttentionLayer = _own_layer_class(
+            layer, "vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionLayer")
         # As ExtractHiddenStatesModel builds it: one head per captured layer, head size = hidden size.
         return CacheOnlyAttentionLayer(layer.num_kv_heads, layer.head_size, cache_config=layer_cache, prefix=layer.name)
     if kind == "mamba":

@@ -71,6 +71,8 @@ def test_defaults_are_the_project_seed_and_the_ci_profile(pytester: pytest.Pytes
         (("--kvconform-seed", "abc"), "expected an integer or 'random'"),
         (("--kvconform-examples", "0"), "must be >= 1"),
         (("--kvconform-profile", "nightly"), "invalid choice"),
+        (("--kvconform-shard", "3/2"), "--kvconform-shard: shard '3/2': the index 3 must be from 1 to the count 2"),
+        (("--kvconform-shard", "a/b"), "the index 'a' is not a whole number"),
     ],
 )
 def test_bad_options_are_usage_errors(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
@@ -78,6 +80,27 @@ def test_bad_options_are_usage_errors(pytester: pytest.Pytester, args: tuple[str
     result = pytester.runpytest(*args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert message in result.stderr.str()
+
+
+def test_shards_split_the_collected_tests(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.kvconform_sample(count=9)
+def test_case(kv_case):
+    assert kv_case.layers
+
+@pytest.mark.parametrize("n", range(4))
+def test_plain(n):
+    pass
+""")
+    everything = pytester.runpytest("-v")
+    everything.assert_outcomes(passed=13)
+    parts = [pytester.runpytest("-v", "--kvconform-shard", f"{k}/3") for k in (1, 2, 3)]
+    ran = [set(re.findall(r"::(test_\w+\[[^\]]+\]) PASSED", p.stdout.str())) for p in parts]
+    assert all(r for r in ran)  # none of the three is empty
+    assert sum(len(r) for r in ran) == 13 and set().union(*ran) == set(re.findall(r"::(test_\w+\[[^\]]+\]) PASSED", everything.stdout.str()))
+    assert "deselected" in parts[0].stdout.str()
 
 
 def test_random_seed_is_printed(pytester: pytest.Pytester) -> None:

@@ -174,3 +174,35 @@ def test_workers_give_the_same_report_in_the_same_order() -> None:
     one, two = ([(r["case"], r["runners"], r["mrv1_mrv2_mismatches"]) for r in rep["results"]] for rep in reports)
     assert [case for case, _, _ in one] == names
     assert one == two
+
+
+def test_shards_run_as_processes_merge_into_the_unsharded_report(tmp_path: Path) -> None:
+    """Three ``kvconform run --shard k/3`` processes side by side (as three CI agents), merged:
+    the same cases, verdicts and divergences as one unsharded run."""
+    from conformance.merge import verdict_of
+
+    cases = ["dense-fa-b128-lbhnc", "flashinfer-b128-k64", "mla-gqa-draft-b128-k64", "swa-hybrid-padded",
+             "kpool-tail-b64", "mamba-hybrid", "dsv32-indexer-b64"]
+    selection = [arg for name in cases for arg in ("--case", name)]
+
+    def run(*extra: str, out: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "conformance.cli", "run", *selection, *extra, "--json", str(out)],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    parts = [tmp_path / f"shard{k}.json" for k in (1, 2, 3)]
+    procs = [run("--shard", f"{k}/3", out=path) for k, path in zip((1, 2, 3), parts)]
+    whole = tmp_path / "whole.json"
+    alone = run(out=whole)
+    for proc in (*procs, alone):
+        assert proc.wait(timeout=600) == 0, proc.stderr.read()[-2000:]
+    merged_path = tmp_path / "merged.json"
+    merged_run = subprocess.run([sys.executable, "-m", "conformance.cli", "report", "merge", *map(str, parts),
+                                 "--json", str(merged_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert merged_run.returncode == 0, merged_run.stderr
+    merged, unsharded = json.loads(merged_path.read_text()), json.loads(whole.read_text())
+    sizes = [len(json.loads(p.read_text())["results"]) for p in parts]
+    assert sum(sizes) == len(cases) and all(sizes)
+    assert [r["case"] for r in merged["results"]] == [r["case"] for r in unsharded["results"]] == cases
+    assert [verdict_of(r) for r in merged["results"]] == [verdict_of(r) for r in unsharded["results"]]
+    assert merged["counts"] == unsharded["counts"] and merged["schedules"]["run"] == unsharded["schedules"]["run"]
+    assert merged["expectations"]["absorbed"] == unsharded["expectations"]["absorbed"]
