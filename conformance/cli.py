@@ -121,25 +121,19 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 def _installed_vllm() -> str | None:
     """The installed vLLM's version, from its metadata (no import); None when absent."""
-    import importlib.metadata as md
+    from conformance.judgement import installed_vllm_version
 
-    try:
-        return md.version("vllm")
-    except md.PackageNotFoundError:
-        return None
+    return installed_vllm_version()
 
 
 def _installed_generation1() -> str | None:
     """The installed vLLM's version when it predates generation 2 (from its metadata:
     no import), else None."""
-    import importlib.metadata as md
-
     from reference.errors import ConfigError, NotModeledError
     from reference.gen1 import check_gen1_version
 
-    try:
-        version = md.version("vllm")
-    except md.PackageNotFoundError:
+    version = _installed_vllm()
+    if version is None:
         return None
     try:
         check_gen1_version(version)

