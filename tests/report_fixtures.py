@@ -33,10 +33,15 @@ def valid_report(results: list[dict[str, Any]], **environment: Any) -> dict[str,
     """The published report's frame around ``results``; ``environment`` entries override its own."""
     report = copy.deepcopy(_published())
     report["results"] = results
+    report["counts"] = status_counts(results)
+    report["environment"].update(environment)
+    return report
+
+
+def status_counts(results: list[dict[str, Any]]) -> dict[str, int]:
+    """A report's ``counts``: runner outcomes over ``results``."""
     counts: dict[str, int] = {}
     for result in results:
         for runner in result["runners"].values():
             counts[runner["status"]] = counts.get(runner["status"], 0) + 1
-    report["counts"] = counts
-    report["environment"].update(environment)
-    return report
+    return counts

@@ -21,7 +21,7 @@ from conformance.merge import merge, verdict_of
 from conformance.shards import Shard, ShardError, assign, case_cost, parse_shard, shard_record, take
 from reference.config import CaseConfig
 from suites.named_cases import CASES
-from report_fixtures import PUBLISHED
+from report_fixtures import PUBLISHED, status_counts
 
 # --- shards -------------------------------------------------------------------------------------
 
@@ -97,11 +97,7 @@ def _shard_reports(report: dict[str, Any], count: int) -> list[dict[str, Any]]:
         part = copy.deepcopy(report)
         part["results"] = [report["results"][p] for p in positions]
         part["shard"] = shard_record(Shard(k, count), [c.to_json() for c in cases], positions)
-        counts: dict[str, int] = {}
-        for result in part["results"]:
-            for runner in result["runners"].values():
-                counts[runner["status"]] = counts.get(runner["status"], 0) + 1
-        part["counts"] = counts
+        part["counts"] = status_counts(part["results"])
         parts.append(part)
     return parts
 
