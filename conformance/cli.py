@@ -408,6 +408,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from conformance.derivation_summary import reference_outcome, runner_differences
 
     _check_writable(args.json)
+    if args.ray is not None:
+        return _cmd_run_on_ray(args)
+    if args.ray_tasks is not None:
+        raise UsageError(f"--ray-tasks {args.ray_tasks} needs --ray (the number of shard tasks on a Ray cluster)")
     if args.engine:
         if args.shard is not None:
             raise UsageError("--shard splits the vLLM runs; the engine cases run in one engine process (drop --shard with --engine)")
@@ -739,6 +743,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge by the contract alone (what every vLLM must satisfy), not by any release's facts")
     p.add_argument("--json", metavar="FILE", help="also write the report as JSON ('-' for stdout only)")
     p.add_argument("--shard", type=_shard, metavar="K/N", help=SHARD_HELP)
+    _add_ray_options(p, "the run's shards as Ray tasks, one per CPU of the cluster (or --ray-tasks), each on its node's own "
+                        "vLLM, merged into one report (needs kvconform[distributed])")
+    p.add_argument("--ray-tasks", type=_ray_tasks, metavar="N", help="--ray: split the run into N shard tasks (default: the cluster's CPUs)")
     _add_expectations_options(p)
     p.add_argument(
         "--engine",
@@ -770,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
                       html="write it as one HTML page")
     p.add_argument("--no-expectations", action="store_true",
                    help="judge every release without the shipped expectations: known upstream bugs count as unexpected")
+    _add_ray_options(p, "each release as a Ray task on whichever node has a free CPU, in that node's release venv "
+                        "(--venv where the node has it, else scripts/release_env.sh there); the same history files (needs kvconform[distributed])")
     p.set_defaults(func=_cmd_matrix)
 
     p = sub.add_parser("check", help="KV connector adapters (one, or every built-in one) against the reference")
@@ -784,6 +793,86 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generation-1 Mooncake check: count failures the shipped expectations cite as unexpected")
     p.set_defaults(func=_cmd_check)
     return parser
+
+
+def _add_ray_options(p: argparse.ArgumentParser, text: str) -> None:
+    p.add_argument("--ray", nargs="?", const="", type=_ray_address, metavar="ADDRESS",
+                   help=f"{text}. ADDRESS: a cluster's HOST:PORT, ray://HOST:PORT or auto; none: RAY_ADDRESS, else a local Ray instance")
+
+
+def _ray_address(text: str) -> str:
+    from conformance.distributed import RayUsageError, parse_address
+
+    try:
+        parse_address(text)
+    except RayUsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--ray ")) from None
+    return text
+
+
+MAX_RAY_TASKS = 4096
+"""Shard tasks of one ``run --ray`` at most (``conformance.shards.MAX_SHARDS`` bounds them too)."""
+
+
+def _ray_tasks(text: str) -> int:
+    from conformance.shards import MAX_SHARDS
+
+    return _bounded_int(text, "a number of Ray tasks", 1, min(MAX_RAY_TASKS, MAX_SHARDS))
+
+
+def _ray_failure(exc: Exception) -> Exception:
+    """Ray missing: a usage error (the option needs an extra); a cluster out of reach: nothing ran."""
+    from conformance.distributed import RayMissing
+
+    return UsageError(str(exc)) if isinstance(exc, RayMissing) else NothingRan(str(exc))
+
+
+def _cmd_run_on_ray(args: argparse.Namespace) -> int:
+    """``run --ray``: the selection's shards as Ray tasks, their reports merged into one."""
+    import tempfile
+
+    from conformance import distributed
+    from conformance.merge import MergeError, merge
+    from conformance.report_formats import unexpected_divergences, unexpected_lines, write_report_atomically
+
+    for flag, given in (("--engine", args.engine), ("--reference-only", args.reference_only), ("--shard", args.shard is not None)):
+        if given:
+            raise UsageError(f"--ray splits the run into shards itself and runs them on vLLM; drop {flag}")
+    cases = _run_cases(args)  # bad input is refused here, before any node is asked
+    _load_expectations(args)
+    arguments = distributed.run_arguments(args)
+    say = (lambda line: print(line, file=sys.stderr))
+    with tempfile.TemporaryDirectory(prefix="kvconform-ray-") as tmp:
+        try:
+            paths, outcomes = distributed.run_on_ray(arguments, args.ray_tasks, distributed.parse_address(args.ray), Path(tmp),
+                                                     selection_size=len(cases), say=say)
+        except distributed.RayUnavailable as exc:
+            raise _ray_failure(exc) from None
+        failed = [o for o in outcomes if o.get("exit") not in (EXIT_OK, EXIT_DIVERGENCE)]
+        if failed:
+            for outcome in failed:
+                say(f"kvconform: {distributed.outcome_line(outcome)}")
+            codes = {o.get("exit") for o in failed}
+            if codes == {EXIT_NOTHING_RAN}:
+                raise NothingRan(f"{len(failed)} of {len(outcomes)} shard(s) ran nothing: {distributed.outcome_line(failed[0])}")
+            return EXIT_INTERRUPTED if EXIT_INTERRUPTED in codes else EXIT_INTERNAL
+        try:
+            merged = merge([str(p) for p in paths])
+        except MergeError as exc:  # e.g. nodes with different vLLMs: their shards are of different environments
+            raise NothingRan(f"the shards' reports do not make one report: {exc}") from None
+    merged["merged_from"] = [f"shard {o['shard']} on {distributed.where(o)}" for o in outcomes]
+    if args.json == "-":
+        print(json.dumps(merged, indent=2, sort_keys=True, default=str))
+    elif args.json:
+        write_report_atomically(Path(args.json), merged)
+    unexpected = unexpected_divergences(merged)
+    out = sys.stderr if args.json == "-" else sys.stdout
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(merged["counts"].items()))
+    print(f"kvconform: {len(merged['results'])} case(s) in {len(outcomes)} shard(s) on Ray: {counts}; "
+          f"{unexpected} unexpected divergence(s)", file=out)
+    for line in unexpected_lines(merged):
+        print(line, file=out)
+    return EXIT_DIVERGENCE if unexpected else EXIT_OK
 
 
 def _releases(text: str) -> list[str]:
@@ -806,9 +895,19 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         if not sep or version not in args.releases or not (Path(path) / "bin" / "kvconform").exists():
             raise UsageError(f"--venv {item!r}: expected VERSION=PATH for one of --releases, PATH a venv with kvconform installed")
         venvs[version] = Path(path)
+    outputs = [Path(p) if p else None for p in (args.json, args.markdown, args.html)]
     try:
-        return main_matrix(args.releases, venvs, *(Path(p) if p else None for p in (args.json, args.markdown, args.html)),
-                           no_expectations=args.no_expectations)
+        if args.ray is not None:
+            from conformance.distributed import RayUnavailable, matrix_on_ray, parse_address
+            from conformance.matrix import finish
+
+            try:
+                doc = matrix_on_ray(args.releases, venvs, parse_address(args.ray), no_expectations=args.no_expectations,
+                                    say=lambda line: print(line, file=sys.stderr))
+            except RayUnavailable as exc:
+                raise _ray_failure(exc) from None
+            return finish(doc, *outputs)
+        return main_matrix(args.releases, venvs, *outputs, no_expectations=args.no_expectations)
     except RuntimeError as exc:  # a release venv that could not be made
         raise NothingRan(str(exc)) from None
 

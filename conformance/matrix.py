@@ -189,15 +189,44 @@ def transitions(releases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def build(versions: Sequence[str], venv_of: Callable[[str], Path], workdir: Path, *, say: Callable[[str], None] = print,
           no_expectations: bool = False) -> dict[str, Any]:
+    """The release history of ``versions``, each checked in turn in this process's machine."""
     releases = []
     for version in versions:
         say(f"kvconform: matrix: vLLM {version}")
         releases.append(check_release(version, venv_of(version), workdir, no_expectations=no_expectations))
-        run = releases[-1]["run"]
-        say(f"kvconform: matrix: vLLM {version}: run exit {run['exit']}, {len(unexpected(run))} unexpected and "
+        say(release_line(releases[-1]))
+    return history(releases, no_expectations=no_expectations)
+
+
+def release_line(release: Mapping[str, Any]) -> str:
+    """One line saying how one release's check went (printed as each release finishes)."""
+    run = release["run"]
+    return (f"kvconform: matrix: vLLM {release['version']}: run exit {run['exit']}, {len(unexpected(run))} unexpected and "
             f"{len(run.get('divergences', [])) - len(unexpected(run))} known divergence(s)")
+
+
+def history(releases: Sequence[Mapping[str, Any]], *, no_expectations: bool = False) -> dict[str, Any]:
+    """The ``kvconform.release-history/1`` document of checked releases, oldest first: one
+    construction whether the releases ran in turn (``build``) or as Ray tasks
+    (``conformance.distributed``)."""
+    releases = list(releases)
     return {"schema": SCHEMA, "created": time.time(), "expectations": "none" if no_expectations else "shipped",
             "releases": releases, "transitions": transitions(releases)}
+
+
+VOLATILE_FIELDS = ("created", "seconds", "ray")
+"""What differs between two histories of the same releases made at different times or places:
+when it was made, how long each step took, and where a Ray task ran."""
+
+
+def comparable(value: Any) -> Any:
+    """``value`` (a history or part of one) without ``VOLATILE_FIELDS``: two matrices of the
+    same releases, one serial and one on Ray, are equal after this."""
+    if isinstance(value, Mapping):
+        return {k: comparable(v) for k, v in value.items() if k not in VOLATILE_FIELDS}
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    return value
 
 
 def release_venv(version: str) -> Path:
@@ -281,14 +310,19 @@ def main_matrix(versions: Sequence[str], venvs: Mapping[str, Path], json_path: P
                 html_path: Path | None, *, no_expectations: bool = False) -> int:
     """0: every release ran without an unexpected divergence; 1: a release had one; 5: none ran."""
     with tempfile.TemporaryDirectory(prefix="kvconform-matrix-") as tmp:
-        history = build(versions, lambda v: venvs.get(v) or release_venv(v), Path(tmp), say=lambda line: print(line, file=sys.stderr),
-                        no_expectations=no_expectations)
-    write(history, json_path, markdown, html_path)
-    print(to_markdown(history).split("\n## ")[0])
-    runs = [r["run"] for r in history["releases"]]
+        doc = build(versions, lambda v: venvs.get(v) or release_venv(v), Path(tmp), say=lambda line: print(line, file=sys.stderr),
+                    no_expectations=no_expectations)
+    return finish(doc, json_path, markdown, html_path)
+
+
+def finish(doc: Mapping[str, Any], json_path: Path | None, markdown: Path | None, html_path: Path | None) -> int:
+    """Write a history's files, print its table; the matrix's exit code."""
+    write(doc, json_path, markdown, html_path)
+    print(to_markdown(doc).split("\n## ")[0])
+    runs = [r["run"] for r in doc["releases"]]
     if any(unexpected(run) for run in runs):
         return 1
     return 0 if any(run["exit"] in (0, 1) for run in runs) else 5
 
 
-__all__ = ["build", "check_release", "unexpected", "main_matrix", "release_cases", "to_html", "to_markdown", "transitions", "write"]
+__all__ = ["build", "check_release", "comparable", "finish", "history", "release_line", "release_venv", "unexpected", "main_matrix", "release_cases", "to_html", "to_markdown", "transitions", "write"]

@@ -674,6 +674,19 @@ def convert(report_path: str | Path, *, junit: str | None = None, markdown: str 
     return 1 if unexpected else EXIT_OK
 
 
+def unexpected_lines(report: Mapping[str, Any]) -> list[str]:
+    """For a person reading a terminal: each unexpected divergence, then its case's seed,
+    config JSON and replay line (once per case)."""
+    seed = (report.get("schedules") or {}).get("seed")
+    lines = []
+    for result in report.get("results", []):
+        found = [message for _, message, expected_by in _divergences(result) if not expected_by]
+        if found:
+            lines += [f"  unexpected {message}" for message in found]
+            lines += [f"    seed: {seed}", f"    config: {_config_json(result)}", f"    replay: {result.get('replay', '')}"]
+    return lines
+
+
 def unexpected_divergences(report: Mapping[str, Any]) -> int:
     """Divergences no expectation absorbed, over every runner and the MRv1/MRv2 comparison."""
     count = 0

@@ -44,8 +44,19 @@ if [ "$(cat "$stamp" 2>/dev/null | head -n 1 || true)" = "$want" ]; then
   echo "$venv"
   exit 0
 fi
-start=$(date +%s)
 mkdir -p "$cache"
+# One install at a time per cache (Ray tasks of `kvconform matrix --ray` may start several on
+# one node): the others wait, then find the venv made or make theirs with the cache quiet
+# (the hardlink pass below reads every venv).
+if command -v flock > /dev/null; then
+  exec 9> "$cache/.release-env.lock"
+  flock 9
+  if [ "$(cat "$stamp" 2>/dev/null | head -n 1 || true)" = "$want" ]; then
+    echo "$venv"
+    exit 0
+  fi
+fi
+start=$(date +%s)
 if [ ! -x "$venv/bin/python" ]; then
   echo "kvconform: creating $venv" >&2
   "$python" -m venv "$venv"
