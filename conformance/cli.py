@@ -658,6 +658,17 @@ def _cmd_report_merge(args: argparse.Namespace, paths: Sequence[str]) -> int:
         raise UsageError("report merge needs the reports to merge: kvconform report merge A.json B.json ... --json ALL.json")
     if not (args.json or args.junit or args.markdown or args.html):
         raise UsageError("report merge writes its result: give --json FILE (and/or --markdown, --html, --junit)")
+    from conformance.connectors.report import SCHEMA_ID as CONNECTOR_SCHEMA
+    from conformance.report_formats import schema_of
+
+    kinds = {path: schema_of(path) for path in paths}
+    if CONNECTOR_SCHEMA in kinds.values():
+        others = [path for path, kind in kinds.items() if kind != CONNECTOR_SCHEMA]
+        if others:
+            one = next(path for path, kind in kinds.items() if kind == CONNECTOR_SCHEMA)
+            raise UsageError(f"{others[0]}: not a connector report (schema {kinds[others[0]]!r}), but {one} is one; "
+                             "merge run reports and connector reports separately")
+        return _merge_connector_reports(args, paths)
     try:
         merged = merge(paths)
     except MergeError as exc:
@@ -675,6 +686,37 @@ def _cmd_report_merge(args: argparse.Namespace, paths: Sequence[str]) -> int:
         print(f"kvconform: merged {len(paths)} report(s): {len(merged['results'])} result(s) in {envs} environment(s); "
               f"{unexpected} unexpected divergence(s)")
     return EXIT_DIVERGENCE if unexpected else EXIT_OK
+
+
+def _merge_connector_reports(args: argparse.Namespace, paths: Sequence[str]) -> int:
+    """``report merge`` of ``kvconform check --json`` reports (``conformance.connectors.merge``)."""
+    from conformance.connectors.merge import merge_connector_reports, unexpected_failures
+    from conformance.connectors.report import to_html, to_markdown
+    from conformance.merge import MergeError
+    from conformance.report_formats import write_report_atomically, write_report_text
+
+    if args.junit:
+        raise UsageError("--junit renders run reports; a connector report merges to --json, --markdown and --html")
+    try:
+        merged = merge_connector_reports(paths)
+    except MergeError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json == "-":
+        print(json.dumps(merged, indent=2, sort_keys=True))
+    elif args.json:
+        write_report_atomically(Path(args.json), merged)
+    for target, render in ((args.markdown, to_markdown), (args.html, to_html)):
+        if target == "-":
+            print(render(merged), end="")
+        elif target:
+            write_report_text(target, render(merged))
+    failures = unexpected_failures(merged)
+    if args.json != "-":
+        envs = len(merged.get("environments") or [merged["vllm"]])
+        rows = sum(len(c["results"]) for c in merged["connectors"])
+        print(f"kvconform: merged {len(paths)} connector report(s): {rows} result(s) of {len(merged['connectors'])} "
+              f"connector(s) in {envs} vLLM(s); {failures} unexpected failure(s)")
+    return EXIT_DIVERGENCE if failures else EXIT_OK
 
 
 RUN_REPORT_HELP = "a report written by `kvconform run --json FILE`"

@@ -15,7 +15,7 @@ truncated report, another schema, or a bad merge is one line and exit 4.
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from conformance.report_formats import SCHEMA_ID, describe_environment, load_report
 
@@ -65,15 +65,21 @@ def load_all(paths: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _check_shards(reports: Sequence[tuple[str, dict[str, Any]]]) -> None:
-    """Each selection's shards are all there, once each, and agree on what they split."""
+def check_shards(reports: Sequence[tuple[str, dict[str, Any]]], *,
+                 environment_of: Callable[[Mapping[str, Any]], tuple[Any, ...]] = environment_key,
+                 results_of: Callable[[Mapping[str, Any]], int] = lambda report: len(report["results"]),
+                 describe: Callable[[tuple[Any, ...]], str] | None = None) -> None:
+    """Each selection's shards are all there, once each, and agree on what they split
+    (run reports by default; ``conformance.connectors.merge`` passes its own environment,
+    count of cases and label)."""
+    describe = describe or (lambda key: describe_environment(dict(zip(ENVIRONMENT_KEYS, key))))
     groups: dict[tuple[Any, ...], dict[int, str]] = {}
     counts: dict[tuple[Any, ...], tuple[int, int]] = {}
     for path, report in reports:
         shard = report.get("shard")
         if shard is None:
             continue
-        key = (environment_key(report), shard["selection_digest"])
+        key = (environment_of(report), shard["selection_digest"])
         have = (shard["count"], shard["selection_size"])
         if counts.setdefault(key, have) != have:
             raise MergeError(f"{path}: shard {shard['index']}/{shard['count']} of a selection of {shard['selection_size']} "
@@ -83,15 +89,15 @@ def _check_shards(reports: Sequence[tuple[str, dict[str, Any]]]) -> None:
         if shard["index"] in seen:
             raise MergeError(f"{path}: shard {shard['index']}/{shard['count']} is also {seen[shard['index']]} "
                              "(the same shard twice)")
-        if len(shard["positions"]) != len(report["results"]):
+        if len(shard["positions"]) != results_of(report):
             raise MergeError(f"{path}: shard {shard['index']}/{shard['count']} lists {len(shard['positions'])} positions "
-                             f"for {len(report['results'])} results (a truncated or edited report)")
+                             f"for {results_of(report)} cases (a truncated or edited report)")
         seen[shard["index"]] = path
     for key, seen in groups.items():
         count = counts[key][0]
         missing = [i for i in range(1, count + 1) if i not in seen]
         if missing:
-            raise MergeError(f"selection {key[1]} ({describe_environment(dict(zip(ENVIRONMENT_KEYS, key[0])))}): "
+            raise MergeError(f"selection {key[1]} ({describe(key[0])}): "
                              f"shard(s) {', '.join(f'{i}/{count}' for i in missing)} missing; have "
                              f"{', '.join(f'{i}/{count} ({seen[i]})' for i in sorted(seen))}")
 
@@ -99,7 +105,7 @@ def _check_shards(reports: Sequence[tuple[str, dict[str, Any]]]) -> None:
 def merge(paths: Sequence[str]) -> dict[str, Any]:
     """The merged ``kvconform.report/1`` document (raises MergeError)."""
     reports = load_all(paths)
-    _check_shards(reports)
+    check_shards(reports)
     envs: list[tuple[Any, ...]] = []
     env_docs: list[dict[str, Any]] = []
     # Per environment: (order key, case) -> (path, result).
@@ -197,4 +203,4 @@ def _expectations(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-__all__ = ["ENVIRONMENT_KEYS", "MergeError", "environment_key", "load_all", "merge", "verdict_of"]
+__all__ = ["ENVIRONMENT_KEYS", "MergeError", "check_shards", "environment_key", "load_all", "merge", "verdict_of"]

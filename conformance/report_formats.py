@@ -602,28 +602,44 @@ def write_report_atomically(path: str | Path, payload: Mapping[str, Any]) -> Non
 
 
 def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
-    """(report, None) for a valid report, else (None, one line naming the problem)."""
-    path = Path(report_path)
+    """(report, None) for a valid run report, else (None, one line naming the problem)."""
+    return load_document(report_path, SCHEMA_ID, load_schema(), "kvconform run report")
+
+
+def load_document(path_text: str | Path, schema_id: str, schema: Mapping[str, Any], what: str
+                  ) -> tuple[dict[str, Any] | None, str | None]:
+    """(document, None) for a file that is valid against ``schema`` (whose ``schema`` field is
+    ``schema_id``), else (None, one line naming the file and the problem)."""
+    path = Path(path_text)
     if not path.is_file():
-        return None, f"report {str(report_path)!r} does not exist"
+        return None, f"report {str(path_text)!r} does not exist"
     try:
         data = json.loads(read_report_text(path))
     except json.JSONDecodeError as exc:
-        return None, f"{report_path}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        return None, f"{path_text}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     except RecursionError:
-        return None, f"{report_path}: JSON nested too deep to be a kvconform run report"
+        return None, f"{path_text}: JSON nested too deep to be a {what}"
     except (OSError, UnicodeDecodeError, EOFError) as exc:
-        return None, f"{report_path}: cannot read: {exc}"
-    if isinstance(data, dict) and data.get("schema") != SCHEMA_ID:
-        return None, f"{report_path}: schema {data.get('schema')!r} is not a kvconform run report ({SCHEMA_ID!r})"
+        return None, f"{path_text}: cannot read: {exc}"
+    if isinstance(data, dict) and data.get("schema") != schema_id:
+        return None, f"{path_text}: schema {data.get('schema')!r} is not a {what} ({schema_id!r})"
     try:
-        errors = validate_report(data)
+        errors = validate(data, schema)
     except RecursionError:
-        return None, f"{report_path}: JSON nested too deep to be a kvconform run report"
+        return None, f"{path_text}: JSON nested too deep to be a {what}"
     if errors:
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        return None, f"{report_path}: not a valid {SCHEMA_ID} report: {errors[0]}{more}"
+        return None, f"{path_text}: not a valid {schema_id} report: {errors[0]}{more}"
     return data, None
+
+
+def schema_of(path_text: str | Path) -> Any:
+    """The ``schema`` field of a JSON file, or None where it cannot be read (its loader says why)."""
+    try:
+        data = json.loads(read_report_text(Path(path_text)))
+    except (OSError, UnicodeDecodeError, EOFError, ValueError, RecursionError):
+        return None
+    return data.get("schema") if isinstance(data, dict) else None
 
 
 def render_outputs(report: Mapping[str, Any], *, junit: str | None = None, markdown: str | None = None,

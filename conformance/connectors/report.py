@@ -64,8 +64,23 @@ def _cell(results: Sequence[Mapping[str, Any]]) -> str:
     return " / ".join(f"{runner} {status}" for runner, status in statuses.items())
 
 
+def _vllms(doc: Mapping[str, Any]) -> str:
+    """``vLLM 0.33.0``, or for a merge of several vLLMs ``vLLM 0.32.0 and 0.33.0 side by side``."""
+    envs = doc.get("environments")
+    if not envs:
+        return f"vLLM {doc.get('vllm')}"
+    return "vLLM " + " and ".join(str(e.get("vllm")) for e in envs) + " side by side"
+
+
+def _label(doc: Mapping[str, Any], connector: Mapping[str, Any]) -> str:
+    """A connector's column: its name, and in a merge of several vLLMs which one."""
+    if "environment" not in connector or not doc.get("environments"):
+        return connector["connector"]
+    return f"{connector['connector']} (vLLM {doc['environments'][connector['environment']].get('vllm')})"
+
+
 def to_markdown(doc: Mapping[str, Any]) -> str:
-    out = [f"# kvconform connector report: vLLM {doc.get('vllm')}", ""]
+    out = [f"# kvconform connector report: {_vllms(doc)}", ""]
     out.append(f"Every built-in connector adapter over every named case and both runners, on the `kv_caches` each "
                f"runner registered; {_counts(doc['totals'])}.")
     out.append("A failure a shipped expectation cites as a known upstream bug (`conformance/expectations.toml`, "
@@ -73,13 +88,13 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
     out += ["", "| connector | failure (known) | " + " | ".join(_ORDER[1:]) + " |", "|---|" + "---|" * len(_ORDER)]
     for c in doc["connectors"]:
         known = sum(1 for r in c["results"] if r["status"] == "failure" and r.get("expected_by"))
-        out.append(f"| {c['connector']} | {c['counts'].get('failure', 0)} ({known}) | "
+        out.append(f"| {_label(doc, c)} | {c['counts'].get('failure', 0)} ({known}) | "
                    + " | ".join(str(c["counts"].get(s, 0)) for s in _ORDER[1:]) + " |")
     if doc.get("not_driven"):
         out += ["", "## Not driven", ""]
         out += [f"- **{n['connector']}**: {n['reason']}" for n in doc["not_driven"]]
     cases = _cases(doc)
-    out += ["", "## Connector x case", "", "| case | " + " | ".join(c["connector"] for c in doc["connectors"]) + " |",
+    out += ["", "## Connector x case", "", "| case | " + " | ".join(_label(doc, c) for c in doc["connectors"]) + " |",
             "|---|" + "---|" * len(doc["connectors"])]
     for case in cases:
         cells = [_cell([r for r in c["results"] if r["case"] == case]) or "-" for c in doc["connectors"]]
@@ -92,7 +107,7 @@ def to_markdown(doc: Mapping[str, Any]) -> str:
         for c, r in rows:
             known = f" (known upstream [{r['expected_by']}], cause `{r.get('cause')}`)" if r.get("expected_by") else (
                 f" (UNEXPECTED, cause `{r.get('cause')}`)" if status == "failure" else "")
-            out.append(f"- **{c['connector']}** `{r['case']}` [{r['runner']}]: {_md(r['detail'])}{known}")
+            out.append(f"- **{_label(doc, c)}** `{r['case']}` [{r['runner']}]: {_md(r['detail'])}{known}")
             for d in r.get("divergences", [])[:6]:
                 out.append(f"  - {_md(d['layer'])}: {d['field']}: {_md(d['message'])}")
             if status == "failure":
@@ -117,12 +132,12 @@ def _e(text: Any) -> str:
 
 
 def to_html(doc: Mapping[str, Any]) -> str:
-    title = f"kvconform connector report: vLLM {doc.get('vllm')}"
+    title = f"kvconform connector report: {_vllms(doc)}"
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>", f"<h1>{_e(title)}</h1>",
            f"<p>{_e(_counts(doc['totals']))} (connector x case x runner, on the tensors each runner registered).</p>"]
     cases = _cases(doc)
-    out.append("<table><tr><th>case</th>" + "".join(f"<th>{_e(c['connector'])}</th>" for c in doc["connectors"]) + "</tr>")
+    out.append("<table><tr><th>case</th>" + "".join(f"<th>{_e(_label(doc, c))}</th>" for c in doc["connectors"]) + "</tr>")
     for case in cases:
         row = [f"<th><code>{_e(case)}</code></th>"]
         for c in doc["connectors"]:
@@ -137,7 +152,7 @@ def to_html(doc: Mapping[str, Any]) -> str:
         for r in sorted(c["results"], key=lambda r: _ORDER.index(r["status"]) if r["status"] in _ORDER else 0):
             opened = " open" if r["status"] == "failure" else ""
             out.append(f'<details{opened}><summary><span class="s-{_e(r["status"])}">{_e(r["status"])}</span> '
-                       f"<b>{_e(c['connector'])}</b> <code>{_e(r['case'])}</code> [{_e(r['runner'])}]</summary>")
+                       f"<b>{_e(_label(doc, c))}</b> <code>{_e(r['case'])}</code> [{_e(r['runner'])}]</summary>")
             out.append(f"<p>{_e(r['detail'])}</p>")
             if r["status"] == "failure":
                 out.append(f"<p>{'known upstream [' + _e(r['expected_by']) + ']' if r.get('expected_by') else '<b>UNEXPECTED</b>'}, "

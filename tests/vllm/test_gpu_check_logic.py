@@ -717,3 +717,23 @@ def test_the_gpu_runs_make_a_kvconform_report_through_the_one_run_loop(tmp_path,
     assert row["runners"]["mrv2"]["status"] == "fail"
     assert any(m["field"] == f"{layer}.shape" for m in row["mrv1_mrv2_mismatches"])
     assert gpu_check.exit_status(code, [a["status"] for a in summary_of["runs"].values()]) == 1
+
+
+def test_the_gpu_checks_report_merges_beside_a_cpu_report(tmp_path, monkeypatch):
+    """OUT/report.json is a run report: `kvconform report merge` keeps it apart from a CPU run's
+    (another device, another environment) and shows both side by side."""
+    from conformance import cli, gpu_check
+    from report_fixtures import PUBLISHED
+
+    monkeypatch.setenv("KVCONFORM_VLLM_LOG", str(tmp_path / "vllm.log"))
+    specs = [scenarios.build_run_spec("flashinfer-b128-k64", r, SM90) for r in scenarios.RUNNERS]
+    reports = {s["run_id"]: fake_report(s["scenario"], s["runner"]) for s in specs}
+    device = {"device": "H200", "capability": [9, 0], "vllm": "0.33.0", "torch": "2.14.0"}
+    assert gpu_check.write_report(reports, summary.summarize(reports, device), device, tmp_path / "report.json") == 0
+    md = tmp_path / "both.md"
+    assert cli.main(["report", "merge", str(PUBLISHED), str(tmp_path / "report.json"), "--json", str(tmp_path / "both.json"),
+                     "--markdown", str(md)]) == 0
+    merged = json.loads((tmp_path / "both.json").read_text())
+    assert [e["gpu"] for e in merged["environments"]] == [json.loads(PUBLISHED.read_text())["environment"]["gpu"], "H200"]
+    row = next(line for line in md.read_text().splitlines() if line.startswith("| gpu-flashinfer-b128-k64 |"))
+    assert row.split("|")[2].strip() == "-" and "mrv1:pass" in row  # only the GPU environment ran it
