@@ -813,7 +813,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("matrix", help="release x check: kvconform run and the connector checks on each vLLM release, in its own venv")
-    p.add_argument("--releases", required=True, type=_releases, metavar="X.Y.Z,...", help="vLLM releases, oldest first")
+    p.add_argument("--releases", type=_releases, metavar="X.Y.Z,...", help="vLLM releases, oldest first (required unless --from)")
+    p.add_argument("--from", dest="from_history", metavar="HISTORY.json",
+                   help="render a history written by `matrix --json` again (its transitions and ids made anew), running nothing")
     p.add_argument("--venv", action="append", default=[], metavar="VERSION=PATH", help="use this venv for a release (default: scripts/release_env.sh VERSION)")
     _add_output_files(p, json="write the release history as JSON", markdown="write it as Markdown",
                       html="write it as one HTML page")
@@ -931,6 +933,10 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
     from conformance.matrix import main_matrix
 
     _check_outputs(args, "json", "markdown", "html")
+    if args.from_history is not None:
+        return _rerender_matrix(args)
+    if args.releases is None:
+        raise UsageError("matrix needs --releases X.Y.Z,... (the releases to check), or --from HISTORY.json to render one again")
     venvs = {}
     for item in args.venv:
         version, sep, path = item.partition("=")
@@ -952,6 +958,22 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
         return main_matrix(args.releases, venvs, *outputs, no_expectations=args.no_expectations)
     except RuntimeError as exc:  # a release venv that could not be made
         raise NothingRan(str(exc)) from None
+
+
+def _rerender_matrix(args: argparse.Namespace) -> int:
+    """``matrix --from HISTORY.json``: the history's files again, with this kvconform's renderings."""
+    from conformance.matrix import finish, load_history
+
+    for flag, given in (("--releases", args.releases is not None), ("--venv", bool(args.venv)),
+                        ("--ray", args.ray is not None), ("--no-expectations", args.no_expectations)):
+        if given:
+            raise UsageError(f"--from renders a history that was already made; drop {flag}")
+    if not (args.json or args.markdown or args.html):
+        raise UsageError("matrix --from writes the history again: give --markdown, --html and/or --json")
+    doc, problem = load_history(args.from_history)
+    if doc is None:
+        raise UsageError(problem or f"{args.from_history}: not a kvconform release history")
+    return finish(doc, *(Path(p) if p else None for p in (args.json, args.markdown, args.html)))
 
 
 def _terminate_as_interrupt(signum: int, frame: Any) -> None:

@@ -9,7 +9,6 @@ release's divergences (*known* when a shipped expectation cites the upstream bug
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import shlex
@@ -20,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from conformance.release_history import (CONNECTORS, SCHEMA, comparable, divergence_id, history, load_history,
+                                         transitions, unexpected)
 from reference.gen1 import check_gen1_version
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = "kvconform.release-history/1"
-CONNECTORS = {"nixl": "gpu_impl.connectors.nixl:NixlAdapter", "mooncake": "gpu_impl.connectors.mooncake:MooncakeAdapter"}
 STEP_TIMEOUT_S = 1800
 
 
@@ -80,19 +79,6 @@ def _divergences(report: Mapping[str, Any], version: str) -> list[dict[str, Any]
     return out
 
 
-def unexpected(run: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The divergences of one release's run that no shipped expectation explains."""
-    return [d for d in run.get("divergences", []) if not d.get("known")]
-
-
-def _label(d: Mapping[str, Any]) -> str:
-    if d.get("known"):
-        return f"known upstream [{d['known']}]"
-    if str(d.get("kind", "")).endswith("_refusal"):  # a connector refusing at registration
-        return "refusal the reference predicts" if "predicted by the reference" in d["message"] else "refusal, not predicted"
-    return "unexpected"
-
-
 def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: bool = False) -> dict[str, Any]:
     """``kvconform run`` and the connector checks of one release, each in its own process
     (``no_expectations``: every divergence and connector failure counts as unexpected)."""
@@ -111,8 +97,10 @@ def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: b
     run: dict[str, Any] = {"exit": code, "line": line, "cases": len(cases), "seconds": round(time.monotonic() - t0, 1)}
     if report_path.exists():
         report = json.loads(report_path.read_text())
+        schedules = report.get("schedules") or {}
         run.update(counts=report.get("counts", {}), complete=report.get("complete"),
-                   vllm=(report.get("environment") or {}).get("vllm"), divergences=_divergences(report, version))
+                   vllm=(report.get("environment") or {}).get("vllm"), divergences=_divergences(report, version),
+                   schedules=schedules.get("run") or {}, draft_steps=schedules.get("draft_steps") or {})
     checks = {}
     for name, adapter in CONNECTORS.items():
         target = workdir / f"check-{name}-{version}.json"
@@ -146,47 +134,6 @@ def _connector_counts(report: Mapping[str, Any]) -> dict[str, int]:
     return counts
 
 
-def _check_cell(c: Mapping[str, Any]) -> str:
-    counts = ", ".join(f"{n} {k}" for k, n in sorted((c.get("counts") or {}).items()) if n)
-    known = sum(1 for f in c.get("failures", []) if f.get("known"))
-    counts += f" ({known} known upstream)" if known else ""
-    return f"exit {c['exit']}: {counts}" if counts else f"exit {c['exit']}"
-
-
-def _key(d: Mapping[str, Any]) -> tuple[str, str, str, str]:
-    return (d["case"], d["runner"], d["kind"], d["field"])
-
-
-def _check_findings(release: Mapping[str, Any]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
-    """A release's connector refusals and failures, keyed by (check, case, runner, status),
-    as divergences of the run are (message and replay line)."""
-    out = {}
-    for name, check in release.get("checks", {}).items():
-        for f in check.get("failures", []):
-            status = f.get("status", "failure")
-            message = f"{name} check: {f['case']} [{f['runner']}] {status}: {f['detail']}"
-            out[(name, f["case"], f["runner"], status)] = {"case": f["case"], "runner": f["runner"], "kind": f"{name}_{status}",
-                                                           "field": name, "message": message, "replay": f["replay"],
-                                                           "known": f.get("known")}
-    return out
-
-
-def transitions(releases: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per consecutive pair: the divergences (known or not) and the connector refusals and
-    failures that appear and vanish."""
-    out = []
-    for before, after in zip(releases, releases[1:]):
-        a = {_key(d): d for d in before["run"].get("divergences", [])}
-        b = {_key(d): d for d in after["run"].get("divergences", [])}
-        ca, cb = _check_findings(before), _check_findings(after)
-        out.append({
-            "from": before["version"], "to": after["version"],
-            "appeared": [b[k] for k in sorted(set(b) - set(a))] + [cb[k] for k in sorted(set(cb) - set(ca))],
-            "vanished": [a[k] for k in sorted(set(a) - set(b))] + [ca[k] for k in sorted(set(ca) - set(cb))],
-        })
-    return out
-
-
 def build(versions: Sequence[str], venv_of: Callable[[str], Path], workdir: Path, *, say: Callable[[str], None] = print,
           no_expectations: bool = False) -> dict[str, Any]:
     """The release history of ``versions``, each checked in turn in this process's machine."""
@@ -205,30 +152,6 @@ def release_line(release: Mapping[str, Any]) -> str:
             f"{len(run.get('divergences', [])) - len(unexpected(run))} known divergence(s)")
 
 
-def history(releases: Sequence[Mapping[str, Any]], *, no_expectations: bool = False) -> dict[str, Any]:
-    """The ``kvconform.release-history/1`` document of checked releases, oldest first: one
-    construction whether the releases ran in turn (``build``) or as Ray tasks
-    (``conformance.distributed``)."""
-    releases = list(releases)
-    return {"schema": SCHEMA, "created": time.time(), "expectations": "none" if no_expectations else "shipped",
-            "releases": releases, "transitions": transitions(releases)}
-
-
-VOLATILE_FIELDS = ("created", "seconds", "ray")
-"""What differs between two histories of the same releases made at different times or places:
-when it was made, how long each step took, and where a Ray task ran."""
-
-
-def comparable(value: Any) -> Any:
-    """``value`` (a history or part of one) without ``VOLATILE_FIELDS``: two matrices of the
-    same releases, one serial and one on Ray, are equal after this."""
-    if isinstance(value, Mapping):
-        return {k: comparable(v) for k, v in value.items() if k not in VOLATILE_FIELDS}
-    if isinstance(value, list):
-        return [comparable(v) for v in value]
-    return value
-
-
 def release_venv(version: str) -> Path:
     """``scripts/release_env.sh VERSION``'s venv (made on first use)."""
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "release_env.sh"), version], cwd=ROOT, capture_output=True, text=True)
@@ -237,71 +160,15 @@ def release_venv(version: str) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
-# --------------------------------------------------------------------------- rendering
-
-
-def to_markdown(history: Mapping[str, Any]) -> str:
-    lines = ["# kvconform release history", "",
-             "Each release in its own venv (`scripts/release_env.sh`), judged by the reference for that release; "
-             "a divergence is *known* when a shipped expectation (conformance/expectations.toml) cites the upstream "
-             "bug behind it, *unexpected* otherwise.", "",
-             "| release | run | unexpected | known | NIXL check | Mooncake check |", "|---|---|---|---|---|---|"]
-    if history.get("expectations") == "none":
-        lines[2:2] = ["Judged without the shipped expectations (`--no-expectations`): known upstream bugs count as unexpected.", ""]
-    for r in history["releases"]:
-        run = r["run"]
-        counts = ", ".join(f"{n} {k}" for k, n in sorted((run.get("counts") or {}).items())) or run["line"]
-        known = len(run.get("divergences", [])) - len(unexpected(run))
-        lines.append(f"| {r['version']} | exit {run['exit']}: {counts} | {len(unexpected(run))} | {known} | "
-                     f"{_check_cell(r['checks']['nixl'])} | {_check_cell(r['checks']['mooncake'])} |")
-    for t in history["transitions"]:
-        lines += ["", f"## {t['from']} -> {t['to']}", ""]
-        for label in ("appeared", "vanished"):
-            for d in t[label]:
-                lines += [f"- {label} ({_label(d)}): `{d['message']}`", f"  - replay: `{d['replay']}`"]
-        if not t["appeared"] and not t["vanished"]:
-            lines.append("- no change in divergences")
-    for r in history["releases"]:
-        lines += ["", f"## vLLM {r['version']}", "", f"- run: exit {r['run']['exit']}: {r['run']['line']}"]
-        for name, c in r["checks"].items():
-            lines.append(f"- {name} check: {_check_cell(c)}: {c['line']}")
-            for f in c.get("failures", []):
-                label = f"{f.get('status', 'failure')}" + (f", known upstream [{f['known']}]" if f.get("known") else "")
-                lines += [f"  - {f['case']} [{f['runner']}] ({label}): {f['detail']}"] + [f"    - {x}" for x in f["findings"]]
-                lines.append(f"    - replay: `{f['replay']}`")
-        for d in r["run"].get("divergences", []):
-            lines += [f"- {_label(d)}: `{d['message']}`", f"  - replay: `{d['replay']}`"]
-    return "\n".join(lines) + "\n"
-
-
-def to_html(history: Mapping[str, Any]) -> str:
-    """One standalone page: the release x check table, then the transitions and each release's divergences."""
-    e = html.escape
-    rows = "".join(
-        f"<tr><td>{e(r['version'])}</td><td>exit {r['run']['exit']}: "
-        f"{e(', '.join(f'{n} {k}' for k, n in sorted((r['run'].get('counts') or {}).items())) or r['run']['line'])}</td>"
-        f"<td>{len(unexpected(r['run']))}</td><td>{len(r['run'].get('divergences', [])) - len(unexpected(r['run']))}</td>"
-        + "".join(f"<td>{e(_check_cell(c))}: {e(c['line'])}</td>" for c in r["checks"].values())
-        + "</tr>"
-        for r in history["releases"]
-    )
-    parts = ["<!doctype html><meta charset=utf-8><title>kvconform release history</title>",
-             "<style>body{font-family:sans-serif;margin:2em}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}"
-             "table{border-collapse:collapse}code{font-size:90%}</style>",
-             "<h1>kvconform release history</h1>",
-             f"<table><tr><th>release</th><th>run</th><th>unexpected</th><th>known</th>{''.join(f'<th>{e(n)} check</th>' for n in CONNECTORS)}</tr>{rows}</table>"]
-    for t in history["transitions"]:
-        items = [f"<li>{label} ({e(_label(d))}): <code>{e(d['message'])}</code><br>replay: <code>{e(d['replay'])}</code></li>"
-                 for label in ("appeared", "vanished") for d in t[label]]
-        parts.append(f"<h2>{e(t['from'])} &rarr; {e(t['to'])}</h2><ul>{''.join(items) or '<li>no change in divergences</li>'}</ul>")
-    return "\n".join(parts) + "\n"
-
-
 def write(history: Mapping[str, Any], json_path: Path | None, markdown: Path | None, html_path: Path | None) -> None:
+    """The history's files; the Markdown links each divergence id to the HTML page written beside it."""
+    from conformance.history_formats import to_html, to_markdown
+
     if json_path is not None:
         json_path.write_text(json.dumps(history, indent=1, sort_keys=True) + "\n")
     if markdown is not None:
-        markdown.write_text(to_markdown(history))
+        link = os.path.relpath(html_path, markdown.parent) if html_path is not None else None
+        markdown.write_text(to_markdown(history, html_link=link))
     if html_path is not None:
         html_path.write_text(to_html(history))
 
@@ -317,12 +184,16 @@ def main_matrix(versions: Sequence[str], venvs: Mapping[str, Path], json_path: P
 
 def finish(doc: Mapping[str, Any], json_path: Path | None, markdown: Path | None, html_path: Path | None) -> int:
     """Write a history's files, print its table; the matrix's exit code."""
+    from conformance.history_formats import summary_table
+
     write(doc, json_path, markdown, html_path)
-    print(to_markdown(doc).split("\n## ")[0])
+    print(summary_table(doc))
     runs = [r["run"] for r in doc["releases"]]
     if any(unexpected(run) for run in runs):
         return 1
     return 0 if any(run["exit"] in (0, 1) for run in runs) else 5
 
 
-__all__ = ["build", "check_release", "comparable", "finish", "history", "release_line", "release_venv", "unexpected", "main_matrix", "release_cases", "to_html", "to_markdown", "transitions", "write"]
+# The document's own names (conformance.release_history), here too for callers of the matrix.
+__all__ = ["CONNECTORS", "SCHEMA", "build", "check_release", "comparable", "divergence_id", "finish", "history", "load_history",
+           "main_matrix", "release_cases", "release_line", "release_venv", "transitions", "unexpected", "write"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from conformance import history_formats as matrix_formats
 from conformance import matrix
 
 
@@ -31,28 +32,78 @@ def test_transitions_list_what_appears_and_vanishes_between_consecutive_releases
     assert (second["appeared"], second["vanished"]) == ([other], [])
 
 
-def test_renderings_carry_every_release_divergence_and_replay(tmp_path) -> None:
+def _history(releases: list[dict]) -> dict:
+    return matrix.history(releases)
+
+
+def test_the_markdown_has_a_row_of_counts_per_release_and_no_replay_lines(tmp_path) -> None:
     bug = _divergence("gen1-flashinfer-b128", "model.layers.0.self_attn.attn.shape")
     releases = [_release("0.21.0", [bug], 1), _release("0.22.0", [])]
-    history = {"schema": matrix.SCHEMA, "created": 0, "releases": releases, "transitions": matrix.transitions(releases)}
-    matrix.write(history, tmp_path / "h.json", tmp_path / "h.md", tmp_path / "h.html")
+    releases[0]["run"]["counts"] = {"pass": 12, "fail": 1, "unsupported": 1}
+    releases[1]["run"]["schedules"] = {"mrv1": 200, "mrv2": 198}
+    matrix.write(_history(releases), tmp_path / "h.json", tmp_path / "h.md", tmp_path / "h.html")
     md, page = (tmp_path / "h.md").read_text(), (tmp_path / "h.html").read_text()
-    assert "| 0.21.0 | exit 1: 14 pass | 1 | 0 |" in md and "vanished (unexpected): `" + bug["message"] in md
-    assert "replay gen1-flashinfer-b128" in md
-    assert "0.21.0 &rarr; 0.22.0" in page and "replay gen1-flashinfer-b128" in page
-    assert json.loads((tmp_path / "h.json").read_text())["schema"] == "kvconform.release-history/1"
+    assert "| 0.21.0 | exit 1 | 7 | – | 12 | 0 | **1** | 0 | 1 | 0 / **1** |" in md
+    assert "| 0.22.0 | exit 0 | 7 | 200 / 198 | 14 | 0 | 0 | 0 | 0 | 0 / 0 |" in md
+    assert "replay gen1-flashinfer-b128" not in md and "{" not in md  # configs and replays: JSON and HTML only
+    ident = matrix.divergence_id(bug)
+    row = next(line for line in md.splitlines() if line.startswith("| - |"))
+    assert row.split(" | ")[1:5] == ["gen1-flashinfer-b128", "mrv1/mrv2", "mrv1_mrv2_mismatch", "model.layers.*.self_attn.attn.shape"]
+    assert "unexpected: MRv1 (20,) vs MRv2 (10,)" in row and f"[{ident}](h.html#0.21.0-{ident})" in row
+    assert f'id="0.21.0-{ident}"' in page and "replay gen1-flashinfer-b128" in page  # the link's target holds the replay
+    saved = json.loads((tmp_path / "h.json").read_text())
+    assert saved["schema"] == "kvconform.release-history/1" and saved["releases"][0]["run"]["divergences"][0]["id"] == ident
 
 
-def test_a_known_divergence_is_listed_and_labelled_but_not_unexpected(tmp_path) -> None:
-    known = _divergence("gen1-flashinfer-b128", "model.layers.0.self_attn.attn.shape", known="mrv2-logical-block-views-before-0.22")
-    other = _divergence("gen1-fa-b16", "model.layers.0.self_attn.attn.stride")
-    releases = [_release("0.21.0", [known, other], 1), _release("0.22.0", [])]
-    assert matrix.unexpected(releases[0]["run"]) == [other]
-    history = {"schema": matrix.SCHEMA, "created": 0, "releases": releases, "transitions": matrix.transitions(releases)}
-    md = matrix.to_markdown(history)
-    assert "| 0.21.0 | exit 1: 14 pass | 1 | 1 |" in md
-    assert "vanished (known upstream [mrv2-logical-block-views-before-0.22]): `" + known["message"] in md
-    assert "known upstream" in matrix.to_html(history)
+def test_layers_that_diverge_alike_are_one_line_and_a_long_transition_is_cut_to_a_screen() -> None:
+    layers = [_divergence("gen1-flashinfer-b128", f"model.layers.{i}.self_attn.attn.shape") for i in range(2)]
+    many = [_divergence(f"case-{i}", "kernel_block_sizes", known="a-bug") for i in range(matrix_formats.MAX_TRANSITION_LINES + 5)]
+    md = matrix_formats.to_markdown(_history([_release("0.21.0", layers + many, 1), _release("0.22.0", [])]))
+    section = md.split("## 0.21.0 → 0.22.0: 0 appeared, 25 vanished, 0 changed")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| - |")]
+    assert len(rows) == matrix_formats.MAX_TRANSITION_LINES
+    assert "gen1-flashinfer-b128" in rows[0] and "model.layers.*.self_attn.attn.shape ×2" in rows[0]  # unexpected first
+    assert "… and 6 more line(s) (6 mrv1_mrv2_mismatch): the HTML and JSON list them." in section
+
+
+def test_a_divergence_whose_value_or_verdict_changes_is_one_changed_line() -> None:
+    before = _divergence("gen1-flashmla-b128", "model.layers.0.self_attn.attn.shape", known="old-bug")
+    after = dict(before, message=before["message"].replace("(10,)", "(5,)"), known=None)
+    (step,) = matrix.transitions([_release("0.21.0", [before], 1), _release("0.22.0", [after], 1)])
+    assert step["appeared"] == step["vanished"] == [] and step["changed"] == [{"before": before, "after": after}]
+    (row,) = matrix_formats.transition_rows(step)
+    assert (row["sign"], row["before"], row["after"]) == ("~", "known [old-bug]: MRv1 (20,) vs MRv2 (10,)",
+                                                          "unexpected: MRv1 (20,) vs MRv2 (5,)")
+
+
+def test_the_html_colours_each_release_and_check(tmp_path) -> None:
+    ok, bad, dead = _release("0.21.0", []), _release("0.22.0", [_divergence("c", "f")], 1), _release("0.29.0", [], 5)
+    dead["run"]["line"] = "kvconform: nothing ran: no facts"
+    ok["checks"]["mooncake"] = {"exit": 0, "line": "", "replay": "...", "counts": {"pass": 3, "failure": 1},
+                                "failures": [{"case": "c", "runner": "mrv1", "status": "failure", "detail": "d",
+                                              "findings": [], "known": "some-bug", "replay": "r"}]}
+    page = matrix_formats.to_html(_history([ok, bad, dead]))
+    run_row = next(line for line in page.split("<tr>") if line.startswith("<th>run:"))
+    assert run_row.count('class="c pass"') == 1 and run_row.count('class="c bad"') == 1  # an unexpected divergence is red
+    assert 'class="c none" title="kvconform: nothing ran: no facts">not run' in run_row
+    divergences = next(line for line in page.split("<tr>") if line.startswith("<th>divergences"))
+    assert 'class="c bad">0 known / 1 unexpected' in divergences
+    mooncake = next(line for line in page.split("<tr>") if line.startswith("<th>Mooncake"))
+    assert 'class="c known"' in mooncake and "4 / 4 (1 known)" in mooncake
+
+
+def test_matrix_from_renders_a_saved_history_again(tmp_path) -> None:
+    from test_cli import kvconform
+
+    bug = _divergence("gen1-flashinfer-b128", "model.layers.0.self_attn.attn.shape")
+    old = {"schema": matrix.SCHEMA, "created": 1, "releases": [_release("0.21.0", [bug], 1), _release("0.22.0", [])],
+           "transitions": []}  # as an older kvconform wrote it: no ids, no changed
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    out = kvconform("matrix", "--from", str(tmp_path / "old.json"), "--markdown", str(tmp_path / "h.md"), "--json", str(tmp_path / "h.json"))
+    assert out.returncode == 1, out.stderr  # the saved history's verdict: an unexpected divergence
+    again = json.loads((tmp_path / "h.json").read_text())
+    assert again["created"] == 1 and again["transitions"][0]["vanished"][0]["id"] == matrix.divergence_id(bug)
+    assert "| 0.21.0 | exit 1 |" in (tmp_path / "h.md").read_text()
 
 
 def test_release_cases_follow_the_generation() -> None:
@@ -64,11 +115,22 @@ def test_release_cases_follow_the_generation() -> None:
 def test_bad_matrix_input_is_one_line_and_exit_4(tmp_path) -> None:
     from test_cli import kvconform
 
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    bad = _release("0.21.0", [dict(_divergence("c", "f"), case=7)])
+    (tmp_path / "bad.json").write_text(json.dumps({"schema": matrix.SCHEMA, "releases": [bad]}))
+
     for args, words in (
         (["matrix", "--releases", "0.21"], "is not a comma-separated list of vLLM releases"),
         (["matrix", "--releases", "0.21.0,latest"], "bad: ['latest']"),
         (["matrix", "--releases", "0.21.0", "--venv", "0.22.0=/x"], "expected VERSION=PATH for one of --releases"),
         (["matrix", "--releases", "0.21.0", "--json", str(tmp_path / "no" / "h.json")], "does not exist"),
+        (["matrix", "--markdown", str(tmp_path / "h.md")], "matrix needs --releases"),
+        (["matrix", "--from", str(tmp_path / "none.json"), "--markdown", str(tmp_path / "h.md")], "does not exist"),
+        (["matrix", "--from", str(tmp_path / "deep.json"), "--markdown", str(tmp_path / "h.md")], "nested too deep"),
+        (["matrix", "--from", str(tmp_path / "bad.json"), "--markdown", str(tmp_path / "h.md")],
+         "releases[0].run.divergences[0]: expected case, runner, kind, field and message strings"),
+        (["matrix", "--from", str(tmp_path / "bad.json")], "give --markdown, --html and/or --json"),
+        (["matrix", "--from", str(tmp_path / "bad.json"), "--ray", "--json", str(tmp_path / "h.json")], "drop --ray"),
     ):
         out = kvconform(*args)
         lines = out.stderr.strip().splitlines()
@@ -84,8 +146,10 @@ def test_connector_refusals_and_failures_appear_and_vanish_between_releases() ->
     (step,) = matrix.transitions([old, new])
     assert step["appeared"] == [] and len(step["vanished"]) == 1
     assert step["vanished"][0]["message"].startswith("mooncake check: gen1-mla-eagle-b64 [mrv1] refusal")
-    history = {"schema": matrix.SCHEMA, "created": 0, "releases": [old, new], "transitions": [step]}
-    assert "exit 0: 1 refusal" in matrix.to_markdown(history) and "replay mla-eagle" in matrix.to_markdown(history)
+    history = _history([old, new])
+    md = matrix_formats.to_markdown(history)
+    assert "| 1 refusal |" in md and "| - | gen1-mla-eagle-b64 | mrv1 | mooncake_refusal | mooncake | refusal: the worker raised AssertionError | – |" in md
+    assert "replay mla-eagle" in matrix_formats.to_html(history) and "replay mla-eagle" not in md
 
 
 def test_no_expectations_reaches_every_step_of_a_release(tmp_path, monkeypatch) -> None:
