@@ -7,7 +7,6 @@ the check of a history read back in. ``conformance.matrix`` fills it by running 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -127,18 +126,11 @@ def _history_problem(doc: Any) -> str | None:
 def load_history(path: str | Path) -> tuple[dict[str, Any] | None, str | None]:
     """(history, None) for a ``kvconform matrix --json`` file, else (None, one line why): its
     transitions and ids made anew from its releases, so an older history renders like a new one."""
-    from conformance.report_formats import read_report_text
+    from conformance.report_formats import read_json_file
 
-    try:
-        doc = json.loads(read_report_text(Path(path)))
-    except FileNotFoundError:
-        return None, f"release history {str(path)!r} does not exist"
-    except json.JSONDecodeError as exc:
-        return None, f"{path}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-    except RecursionError:
-        return None, f"{path}: JSON nested too deep to be a release history"
-    except (OSError, UnicodeDecodeError, EOFError) as exc:
-        return None, f"{path}: cannot read: {exc}"
+    doc, problem = read_json_file(path, "release history", missing="release history")
+    if problem:
+        return None, problem
     try:
         problem = _history_problem(doc)
     except RecursionError:

@@ -606,21 +606,29 @@ def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | N
     return load_document(report_path, SCHEMA_ID, load_schema(), "kvconform run report")
 
 
-def load_document(path_text: str | Path, schema_id: str, schema: Mapping[str, Any], what: str
-                  ) -> tuple[dict[str, Any] | None, str | None]:
-    """(document, None) for a file that is valid against ``schema`` (whose ``schema`` field is
-    ``schema_id``), else (None, one line naming the file and the problem)."""
+def read_json_file(path_text: str | Path, what: str, *, missing: str) -> tuple[Any, str | None]:
+    """(the parsed JSON, None), else (None, one line naming the file and why it cannot be a
+    ``what``): missing (``{missing} 'PATH' does not exist``), unreadable, malformed, nested too deep."""
     path = Path(path_text)
     if not path.is_file():
-        return None, f"report {str(path_text)!r} does not exist"
+        return None, f"{missing} {str(path_text)!r} does not exist"
     try:
-        data = json.loads(read_report_text(path))
+        return json.loads(read_report_text(path)), None
     except json.JSONDecodeError as exc:
         return None, f"{path_text}: malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
     except RecursionError:
         return None, f"{path_text}: JSON nested too deep to be a {what}"
     except (OSError, UnicodeDecodeError, EOFError) as exc:
         return None, f"{path_text}: cannot read: {exc}"
+
+
+def load_document(path_text: str | Path, schema_id: str, schema: Mapping[str, Any], what: str
+                  ) -> tuple[dict[str, Any] | None, str | None]:
+    """(document, None) for a file that is valid against ``schema`` (whose ``schema`` field is
+    ``schema_id``), else (None, one line naming the file and the problem)."""
+    data, problem = read_json_file(path_text, what, missing="report")
+    if problem:
+        return None, problem
     if isinstance(data, dict) and data.get("schema") != schema_id:
         return None, f"{path_text}: schema {data.get('schema')!r} is not a {what} ({schema_id!r})"
     try:
