@@ -34,13 +34,30 @@ class NothingRan(Exception):
     """Nothing could be checked (e.g. vLLM missing): exit 5 with the message."""
 
 
+def _names_a_file(spec: str) -> bool:
+    """Whether ``spec`` is meant as a path (a name too long for the file system is not one)."""
+    if spec.endswith(".json") or os.path.sep in spec:
+        return True
+    try:
+        return Path(spec).is_file()
+    except OSError:
+        return False
+
+
 def _load_case(spec: str):
-    """A named case, or a path to a case JSON file."""
+    """A named case, a case JSON object given inline, or a path to a case JSON file."""
     from reference.config import CaseConfig
     from reference.errors import ConfigError
     from suites.named_cases import get_case
 
-    if spec.endswith(".json") or os.path.sep in spec or Path(spec).is_file():
+    if spec.lstrip().startswith("{"):
+        try:
+            case = CaseConfig.from_json(spec)
+        except ConfigError as exc:
+            raise UsageError(f"the case JSON given inline: {exc}") from None
+        _check_case_schema(spec, "the case JSON given inline")
+        return case
+    if _names_a_file(spec):
         path = Path(spec)
         if not path.is_file():
             raise UsageError(f"config file {spec!r} does not exist")
@@ -209,7 +226,7 @@ def _select_engine_cases(names: Sequence[str] | None):
     cases = []
     for name in names:
         case = get_engine_case(name)
-        if case is None and not (name.endswith(".json") or os.path.sep in name or Path(name).is_file()):
+        if case is None and not (name.lstrip().startswith("{") or _names_a_file(name)):
             known = ", ".join(c.name for c in engine_cases())
             raise UsageError(f"--case {name!r} is not an engine case (one of: {known}) or a case JSON file")
         cases.append(case or _load_case(name))

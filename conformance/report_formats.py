@@ -606,12 +606,21 @@ def load_report(report_path: str | Path) -> tuple[dict[str, Any] | None, str | N
     return load_document(report_path, SCHEMA_ID, load_schema(), "kvconform run report")
 
 
+def _shortened(text: str, limit: int = 120) -> str:
+    """``text`` cut to ``limit`` characters for a one-line message."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def read_json_file(path_text: str | Path, what: str, *, missing: str) -> tuple[Any, str | None]:
     """(the parsed JSON, None), else (None, one line naming the file and why it cannot be a
     ``what``): missing (``{missing} 'PATH' does not exist``), unreadable, malformed, nested too deep."""
     path = Path(path_text)
-    if not path.is_file():
-        return None, f"{missing} {str(path_text)!r} does not exist"
+    try:
+        is_file = path.is_file()
+    except OSError as exc:  # a name the file system refuses (too long, ...)
+        return None, f"{missing} {_shortened(str(path_text))!r} cannot be a file: {exc.strerror}"
+    if not is_file:
+        return None, f"{missing} {_shortened(str(path_text))!r} does not exist"
     try:
         return json.loads(read_report_text(path)), None
     except json.JSONDecodeError as exc:

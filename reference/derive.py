@@ -21,6 +21,7 @@ from reference.parallel import scheduler_block_sizes
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
+from reference.releases import PACKED_GROUPS_KEEP_MANAGER_BLOCKS, STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds
 from reference.specs import AttentionSpec, LayerSpec, MambaSpec, SpecKind, first_layer_spec, layer_spec_of
 from reference.views import BlockBytes, LayerBytes, TensorView, create_views, effective_packing, layer_bytes
 
@@ -328,6 +329,8 @@ def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) ->
     spec = raw_spec(case, layer, backend)
     if layer.kind not in LAYER_OWN_BACKENDS:  # these name their backend: no selector validates it
         bk.check_backend_accepts(backend, spec, layer.name)
+    if not holds(STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, case.vllm_version):
+        return bk.customize_spec(backend, spec)  # the runners' get_kv_cache_spec before 0.32
     return bk.customize_attention_spec(backend, spec, case.capability)
 
 
@@ -413,7 +416,7 @@ def prepare_kernel_block_sizes(
             continue
         members = set(group.layer_names)
         packed = any(t.block_stride > t.layer_stride for t in kv_plan.tensors if t.layers[0] in members)
-        if packed:
+        if packed and holds(PACKED_GROUPS_KEEP_MANAGER_BLOCKS, case.vllm_version):
             sizes.append(group.spec.block_size)
             continue
         attn_groups = dict.fromkeys(

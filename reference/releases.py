@@ -136,10 +136,10 @@ GEN1 = ReleaseSpan(
     (0, 19, 0),
     (0, 29, 0),
     "first: 0.19.1 and 0.20.0 were read with scripts/probe_backend_facts.py (every backend's shape, stride orders "
-    "and kernel block sizes) and checked case by case in their release venvs (tests/releases). end: the first "
-    "release that no longer asks backends for shapes; the feasibility notes put the refactor at 0.30 but did not "
-    "check 0.29, and a downstream port note (an out-of-tree backend's '0.29.0 (from 0.28.0)' entry) says 0.29 "
-    "already derives every layer's layout from its spec, so 0.29.x is refused rather than guessed. The backend "
+    "and kernel block sizes) and checked case by case in their release venvs (tests/releases). end: 0.29.0 no "
+    "longer asks backends for shapes (read off its wheel: vllm/v1/kv_cache_layout.py and "
+    "vllm/v1/worker/utils.py: allocate_kv_cache are there, FlashAttentionBackend has no get_kv_cache_shape), as a "
+    "downstream port note's '0.29.0 (from 0.28.0)' entry said. The backend "
     "table's generation-1 shapes and orders: vllm/v1/attention/backends/{flash_attn,flashinfer,triton_attn,"
     "flex_attention}.py and mla/*.py (the stored flash_attn.py is older than 0.21 but has the gen-1 shape and the "
     "NHD/HND orders); the rest follows shared/research (feasibility-cpu.md section 9, vllm-specs-backends.md "
@@ -147,7 +147,7 @@ GEN1 = ReleaseSpan(
 )
 GEN1_FIRST: Version = GEN1.first
 GEN1_END: Version = GEN1.end
-GEN2_FIRST: Version = (0, 30, 0)
+GEN2_FIRST: Version = GEN1_END
 """The first ``KVCacheLayout`` release (generation 2)."""
 
 MRV2_KERNEL_BLOCKS: tuple[Fact[bool], ...] = (
@@ -247,11 +247,6 @@ def check_gen1_version(text: str) -> Version:
             f"vLLM {text} is generation 2 (>= {format_version(GEN2_FIRST)}); generation 1 covers "
             f"{format_version(GEN1_FIRST)} to {format_series((0, GEN1_END[1] - 1, 0))}"
         )
-    if v >= GEN1_END:
-        raise NotModeledError(
-            f"vLLM {text}: {_minor(GEN1_END)} already derives layouts from specs (unverified here); generation 1 "
-            f"is modeled for {format_version(GEN1_FIRST)} to {format_series((0, GEN1_END[1] - 1, 0))}"
-        )
     if v < GEN1_FIRST:
         raise NotModeledError(f"vLLM {text} is older than {format_version(GEN1_FIRST)}, the oldest release modeled")
     return v
@@ -260,26 +255,60 @@ def check_gen1_version(text: str) -> Version:
 # --- generation 2: KVCacheLayout -----------------------------------------------------------
 
 GEN2 = ReleaseSpan(
-    (0, 32, 0),
+    (0, 30, 0),
     (_TARGET[0], _TARGET[1] + 1, 0),
-    "first: vLLM 0.32.x was run through the same drivers (kvconform run in scripts/release_env.sh 0.32.0's venv: "
-    "every named case, both runners, their own code) and differs from the target release only where "
-    "GEN2_DIFFERENCES says. end: the target release's next minor. 0.29 to 0.31 and later releases have no facts: "
-    "a run there says so in one line instead of judging by the target release's rules",
+    "first: 0.30.0, 0.31.0 and 0.32.0 were run through the same drivers (kvconform run --profile ci in "
+    "scripts/release_env.sh X's venv: 1,063 cases, both runners, their own code) and differ from the target "
+    "release only where GEN2_DIFFERENCES says. 0.29.0 is generation 2 too (GEN2_FIRST) but differs in more than "
+    "these facts (hybrid block-size unification, Mamba pages, builder checks: its ci-profile run has 196 (case, "
+    "runner) failures against them), so it is judged by the contract alone. end: the target release's next minor",
 )
 GEN2_FACTS_FROM: Version = GEN2.first
 GEN2_FACTS_UNTIL: Version = GEN2.end
 
+PACKED_GROUPS_KEEP_MANAGER_BLOCKS: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FACTS_FROM, False,
+         "vLLM 0.30.0 and 0.31.0, vllm/v1/worker/utils.py: prepare_kernel_block_sizes gives every attention group "
+         "select_common_block_size(manager block, backends); vllm/v1/kv_cache_interface.py: create_kv_cache_views then "
+         "refuses to split a block-outermost (packed) block: 'The resolved KV cache layout (BLHNC) does not store blocks "
+         "as dense, unpadded pages (block stride S != page P), so a manager block cannot be split into R kernel blocks "
+         "of K tokens...'; observed on 0.30.0 and 0.31.0 (flashinfer-b128-blhnc-packed, both runners)"),
+    Fact((0, 32, 0), True,
+         "vllm/v1/worker/utils.py: prepare_kernel_block_sizes keeps the manager block size for a group whose tensors "
+         "are block-outermost (t.block_stride > t.layer_stride), so the views are made whole and the metadata builder "
+         "refuses instead (AttentionGroup.map_kv_cache_to_kernel_blocks: '<BACKEND> needs K-token kernel blocks, which "
+         "packed B-token KV cache blocks cannot be split into...'); observed on 0.32.0 and 0.33.0"),
+)
+"""Whether a group whose tensors store blocks outermost keeps the manager block size as its kernel block
+size (the builder then refuses a split); before, the views were made in kernel blocks and refused there."""
+
+STRIDE_ALIGNMENT_FROM_KERNEL_SIZES: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FACTS_FROM, False,
+         "vLLM 0.30.0 and 0.31.0: the runners customize a layer's spec with the backend's customize_spec alone "
+         "(vllm/v1/worker/gpu_model_runner.py: get_kv_cache_spec -> attn_module.get_attn_backend().customize_spec; "
+         "vllm/v1/worker/gpu/attn_utils.py likewise; vllm.v1.worker.utils has no customize_attention_spec), so a "
+         "FlashInfer draft's spec equals a Triton target's and MRv1 puts them in one FullAttentionSpec group and one "
+         "tensor; observed on 0.31.0 (gqa+draft-attention-backend-b128, gqa+flex-draft-b48)"),
+    Fact((0, 32, 0), True,
+         "vllm/v1/worker/utils.py: customize_attention_spec sets block_stride_alignment = MultipleOf(the largest "
+         "kernel block size) for a backend that takes only fixed sizes; observed on 0.32.0 and 0.33.0"),
+)
+"""Whether a layer's spec carries the stride alignment its backend's fixed kernel block sizes need
+(``block_stride_alignment``), which keeps such a layer out of a group of other backends' layers."""
+
 MRV2_SLIDING_WINDOW_REACH: tuple[Fact[bool], ...] = (
     Fact(GEN2_FACTS_FROM, False,
          "0.32.0's BlockTables gathers every block id of the row (observed: swa-hybrid-* cases through 0.32.0's own "
-         "BlockTables keep the ids below the window)"),
+         "BlockTables keep the ids below the window); 0.30.0's and 0.31.0's vllm/v1/worker/gpu/block_table.py have "
+         "no sliding_window_reach either (read off their wheels)"),
     Fact((0, 33, 0), True,
          "vllm/v1/worker/gpu/block_table.py: BlockTables(sliding_window_reach=...) is new in 0.33.0"),
 )
 """Whether MRv2's ``BlockTables`` nulls the block ids below a sliding window."""
 
 GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
+    "a block-outermost group keeps the manager block size as its kernel block size": PACKED_GROUPS_KEEP_MANAGER_BLOCKS,
+    "a layer's spec carries its backend's block stride alignment": STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
     "MRv2 BlockTables nulls block ids below a sliding window": MRV2_SLIDING_WINDOW_REACH,
 }
 """Every generation-2 behaviour that differs between the releases in ``GEN2``, by what it is."""
@@ -306,7 +335,7 @@ BY_NEWEST_FACTS = "drift"
 the newest one the reference has facts for: judged by the contract and by the facts of the
 release it builds on; a divergence from those facts is *drift*."""
 BY_CONTRACT = "contract"
-"""A release the reference has no facts for (0.29 to 0.31, or older than generation 1):
+"""A release the reference has no facts for (0.29, or older than generation 1):
 judged by the contract alone."""
 
 _SOURCE_BUILD = re.compile(r"\+g[0-9a-f]{6,}", re.IGNORECASE)
@@ -397,6 +426,8 @@ __all__ = [
     "MOONCAKE_KERNEL_SYNC",
     "MRV2_KERNEL_BLOCKS",
     "MRV2_SLIDING_WINDOW_REACH",
+    "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES",
+    "PACKED_GROUPS_KEEP_MANAGER_BLOCKS",
     "ReleaseSpan",
     "TARGET_RELEASE",
     "Version",

@@ -61,7 +61,9 @@ class MooncakeAdapter(TransferWorkerAdapter):
             set_until_exit(stack, vc.cache_config, "block_size", self.ctx.block_size)
             be, sp = plan.attention_backends_and_specs()
             stack.enter_context(mock.patch.object(mc, "get_current_attn_backends", lambda *a, **k: be))
-            stack.enter_context(mock.patch.object(mc, "get_current_attn_backends_and_specs", lambda *a, **k: (be, sp)))
+            if hasattr(mc, "get_current_attn_backends_and_specs"):  # 0.31 on
+                stack.enter_context(mock.patch.object(mc, "get_current_attn_backends_and_specs",
+                                                      lambda *a, **k: (be, sp)))
             w = _Worker.__new__(_Worker)
             w.vllm_config = vc
             w.engine = RecordingTransferEngine()

@@ -215,19 +215,15 @@ def vllm_config_for(case) -> Iterator[Any]:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     saved_attention_config = vc.attention_config
-    object.__setattr__(
-        vc,
-        "attention_config",
-        replace(
-            vc.attention_config,
-            backend=AttentionBackendEnum[case.attention_backend] if case.attention_backend else None,
-            # VllmConfig.__post_init__ resolves this once a model config exists (config/vllm.py:
-            # 5 up to 256k tokens, else 2); the shared config was built without one. The sparse-MLA
-            # indexer's metadata builder sizes its prefill buffer from it.
-            sparse_mla_prefill_workspace_factor=vc.attention_config.sparse_mla_prefill_workspace_factor
-            or (5 if case.max_model_len <= 256 * 1024 else 2),
-        ),
-    )
+    attention_fields: dict[str, Any] = {
+        "backend": AttentionBackendEnum[case.attention_backend] if case.attention_backend else None}
+    if hasattr(vc.attention_config, "sparse_mla_prefill_workspace_factor"):  # 0.33 on
+        # VllmConfig.__post_init__ resolves this once a model config exists (config/vllm.py:
+        # 5 up to 256k tokens, else 2); the shared config was built without one. The sparse-MLA
+        # indexer's metadata builder sizes its prefill buffer from it.
+        attention_fields["sparse_mla_prefill_workspace_factor"] = (
+            vc.attention_config.sparse_mla_prefill_workspace_factor or (5 if case.max_model_len <= 256 * 1024 else 2))
+    object.__setattr__(vc, "attention_config", replace(vc.attention_config, **attention_fields))
     saved_model_config = vc.model_config
     saved_transfer = vc.kv_transfer_config
     saved_env = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)

@@ -75,7 +75,50 @@ def draft_sub_configs(case, runner: str, vc) -> _DraftBase:
         return SpecDecodeBaseProposer._create_draft_vllm_config(proposer)
     from vllm.config.speculative import SpeculativeConfig
 
-    return SpeculativeConfig.apply_draft_overrides(spec, base)
+    if hasattr(SpeculativeConfig, "apply_draft_overrides"):  # 0.31 on
+        return SpeculativeConfig.apply_draft_overrides(spec, base)
+    return _eagle_loader_draft_config(spec, base, vc)
+
+
+@dataclasses.dataclass(frozen=True)
+class _EagleLoaderBase(_DraftBase):
+    """What 0.30's ``load_eagle_model`` reads of the VllmConfig besides the three sub-configs."""
+
+    load_config: Any = None
+    speculative_config: Any = None
+
+
+class _DraftModelRequested(Exception):
+    """``get_model`` was reached: the config the draft would be built under is known."""
+
+
+def _eagle_loader_draft_config(spec: SimpleNamespace, base: _DraftBase, vc) -> _DraftBase:
+    """MRv2 before 0.31 (no ``SpeculativeConfig.apply_draft_overrides``): its own
+    ``gpu/spec_decode/eagle/utils.py: load_eagle_model`` overlays the speculative config on
+    the VllmConfig, then calls ``get_model``; it is run up to that call, whose
+    ``vllm_config`` is the draft's (no model is built: there are no weights here)."""
+    from unittest import mock
+
+    import vllm.v1.worker.gpu.spec_decode.eagle.utils as eagle_utils
+
+    requested: dict[str, Any] = {}
+
+    def get_model(*, vllm_config, **_kwargs):
+        requested["vllm_config"] = vllm_config
+        raise _DraftModelRequested
+
+    speculative = SimpleNamespace(**vars(spec), draft_model_config=None)
+    stand_in = _EagleLoaderBase(base.attention_config, base.cache_config, base.kernel_config, vc.load_config,
+                                speculative)
+    with mock.patch.object(eagle_utils, "get_model", get_model), shims.single_pipeline_stage():
+        try:
+            eagle_utils.load_eagle_model(None, stand_in)
+        except _DraftModelRequested:
+            pass
+    if "vllm_config" not in requested:
+        raise RunnerUnavailable("MRv2's load_eagle_model returned without building a draft model")
+    seen = requested["vllm_config"]
+    return _DraftBase(seen.attention_config, seen.cache_config, seen.kernel_config)
 
 
 @contextlib.contextmanager

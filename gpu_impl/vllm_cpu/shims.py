@@ -402,8 +402,10 @@ def decode_context_parallel_group(world_size: int) -> Iterator[None]:
     if world_size <= 1:
         yield
         return
-    with attributes_set(ps, get_dcp_world_size_and_rank=lambda *args, **kwargs: (world_size, 0),
-                        _DCP=_RankZeroGroup(world_size)):
+    group: dict[str, Any] = {"_DCP": _RankZeroGroup(world_size)}
+    if hasattr(ps, "get_dcp_world_size_and_rank"):  # 0.31 on; 0.30's layers read get_dcp_group() alone
+        group["get_dcp_world_size_and_rank"] = lambda *args, **kwargs: (world_size, 0)
+    with attributes_set(ps, **group):
         yield
 
 

@@ -316,3 +316,15 @@ def test_a_generation_1_case_is_explained_and_reported_through_reference_gen1(tm
     assert result["mrv1"]["registered"][case.layers[0].name]["shape"] == [20, 2, 64, 8, 128]
     assert any("shape" in d for d in result["mrv1_mrv2_differences"])
     assert kvconform("explain", str(path), "--html", str(tmp_path / "x.html")).returncode == 4
+
+
+def test_a_case_given_inline_as_json_runs_like_its_file(tmp_path: Path) -> None:
+    """The replay lines print a case's JSON; ``--case`` takes it as it is, without a file."""
+    from suites.named_cases import get_case
+
+    text = get_case("flashinfer-b16").to_json()
+    (tmp_path / "case.json").write_text(text)
+    inline = kvconform("run", "--reference-only", "--case", text)
+    from_file = kvconform("run", "--reference-only", "--case", str(tmp_path / "case.json"))
+    assert inline.returncode == from_file.returncode == 0, inline.stderr[-800:]
+    assert "flashinfer-b16" in inline.stdout and inline.stdout == from_file.stdout

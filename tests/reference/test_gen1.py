@@ -250,7 +250,7 @@ def test_unverified_versions_are_refused_not_guessed() -> None:
     assert gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.25.0") == (4, 2, 16, 2, 64)
     assert gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.26.0") == (4, 2, 16, 128)
     assert gen1_kv_cache_shape("TRITON_MLA", 4, 16, 1, 576, vllm_version="0.27.0") == (4, 16, 576)
-    with pytest.raises(NotModeledError):
+    with pytest.raises(ConfigError, match="0.29.0 is generation 2"):
         gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.29.0")
     with pytest.raises(ConfigError):
         gen1_kv_cache_shape("FLASH_ATTN", 4, 16, 2, 64, vllm_version="0.33.0")

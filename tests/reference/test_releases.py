@@ -22,6 +22,8 @@ from reference.releases import (
     MOONCAKE_KERNEL_SYNC,
     MRV2_KERNEL_BLOCKS,
     MRV2_SLIDING_WINDOW_REACH,
+    PACKED_GROUPS_KEEP_MANAGER_BLOCKS,
+    STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
     TARGET_RELEASE,
     check_gen1_version,
     check_gen2_version,
@@ -52,20 +54,22 @@ def test_the_target_release_is_read_from_the_registry() -> None:
 
 
 def test_each_generation_says_which_releases_it_has_facts_for() -> None:
-    assert check_gen2_version("0.32.0") == (0, 32, 0)
+    assert check_gen2_version("0.30.0") == (0, 30, 0)
+    assert check_gen2_version("0.31.2") == (0, 31, 2)
     assert check_gen2_version("0.33.9.dev1") == (0, 33, 9)
-    for outside in ("0.31.2", "0.34.0rc1"):
+    for outside in ("0.29.0", "0.34.0rc1"):
         with pytest.raises(NotModeledError) as refused:
             check_gen2_version(outside)
         assert str(refused.value) == (
-            f"the reference has no generation-2 facts for vLLM {outside} (it has them for 0.32.0 to 0.33.x; "
+            f"the reference has no generation-2 facts for vLLM {outside} (it has them for 0.30.0 to 0.33.x; "
             "generation 1: 0.19 to 0.28)"
         )
     assert check_gen1_version("0.28.3") == (0, 28, 3)
-    with pytest.raises(ConfigError, match=r"^vLLM 0.30.0 is generation 2 \(>= 0.30.0\); generation 1 covers 0.19.0 to 0.28.x$"):
-        check_gen1_version("0.30.0")
-    with pytest.raises(NotModeledError, match=r"^vLLM 0.29.1: 0.29 already derives layouts from specs"):
-        check_gen1_version("0.29.1")
+    # 0.29 already derives every layout from specs (generation 2), without facts of its own.
+    for release in ("0.29.1", "0.30.0"):
+        with pytest.raises(ConfigError, match=rf"^vLLM {release} is generation 2 \(>= 0.29.0\); generation 1 covers "
+                                              r"0.19.0 to 0.28.x$"):
+            check_gen1_version(release)
 
 
 def test_every_fact_names_where_it_was_read_and_series_run_oldest_first() -> None:
@@ -84,6 +88,10 @@ def test_every_fact_names_where_it_was_read_and_series_run_oldest_first() -> Non
         (MOONCAKE_KERNEL_SYNC, "0.19.1", False),
         (MOONCAKE_KERNEL_SYNC, "0.20.0", True),
         (MRV2_SLIDING_WINDOW_REACH, "0.32.4", False),
+        (PACKED_GROUPS_KEEP_MANAGER_BLOCKS, "0.31.1", False),
+        (PACKED_GROUPS_KEEP_MANAGER_BLOCKS, "0.32.0", True),
+        (STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, "0.30.0", False),
+        (STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE, True),
         (MRV2_SLIDING_WINDOW_REACH, "0.33.0", True),
         (MRV2_SLIDING_WINDOW_REACH, TARGET_RELEASE, True),
     ],
@@ -137,9 +145,9 @@ def test_pyproject_allows_up_to_the_target_releases_next_minor() -> None:
         ("0.33.0+g9f8e7d6", BY_NEWEST_FACTS, "0.33.0"),  # a source build at a release's tag or after it
         ("0.33.1rc1", BY_NEWEST_FACTS, "0.33.1"),
         ("0.35.0", BY_NEWEST_FACTS, TARGET_RELEASE),  # a release after the newest facts
-        ("0.30.0", BY_CONTRACT, None),
-        ("0.29.1", BY_CONTRACT, None),
-        ("0.31.0", BY_CONTRACT, None),
+        ("0.30.0", BY_FACTS, "0.30.0"),
+        ("0.31.0", BY_FACTS, "0.31.0"),
+        ("0.29.1", BY_CONTRACT, None),  # generation 2, but no facts (GEN2's source says why)
         ("0.18.0", BY_CONTRACT, None),
         ("0.21.0", BY_FACTS, "0.21.0"),
         ("0.28.1.dev3", BY_NEWEST_FACTS, "0.28.1"),
@@ -155,8 +163,8 @@ def test_every_vllm_is_judged_never_refused_for_lack_of_facts(installed: str, ba
 def test_the_header_for_vllms_ci_says_unreleased_and_which_facts() -> None:
     assert judgement_for("0.34.0.dev12+g1a2b3c4").describe() == (
         f"vLLM 0.34.0.dev12+g1a2b3c4 (unreleased): judged by the contract and by {TARGET_RELEASE}'s facts")
-    assert judgement_for("0.30.0").describe() == (
-        "vLLM 0.30.0 (the reference has no facts for it): judged by the contract alone")
+    assert judgement_for("0.29.0").describe() == (
+        "vLLM 0.29.0 (the reference has no facts for it): judged by the contract alone")
 
 
 def test_contract_only_is_asked_for() -> None:

@@ -1,0 +1,63 @@
+"""The facts of the generation-2 releases older than the target (``reference.releases.GEN2_DIFFERENCES``),
+each seen through both runners' own code in that release's venv
+(``bash scripts/release_env.sh 0.30.0``, then that venv's ``python -m pytest tests/releases``).
+
+For every fact that differs between the installed release and the target, the named cases that
+show it must conform when judged by the installed release's facts, and must not when judged by
+the target's: the fact, not a coincidence, is what makes the case conform.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from conformance.diff import compare
+from reference.releases import (PACKED_GROUPS_KEEP_MANAGER_BLOCKS, STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE,
+                                holds)
+from suites.named_cases import get_case
+from installed_release import installed_version
+
+CASES_SHOWING = {
+    "PACKED_GROUPS_KEEP_MANAGER_BLOCKS": (PACKED_GROUPS_KEEP_MANAGER_BLOCKS,
+                                          ("flashinfer-b128-blhnc-packed", "gqa+draft-attention-backend-blhnc-b48")),
+    "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES": (STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
+                                           ("gqa+draft-attention-backend-b128", "gqa+flex-draft-b48")),
+}
+"""Per fact, the named cases whose outcome it decides on MRv1 (where both runners differ, MRv1 shows it)."""
+
+
+def _params():
+    for fact_name, (_facts, cases) in CASES_SHOWING.items():
+        for case in cases:
+            yield pytest.param(fact_name, case, id=f"{fact_name}-{case}")
+
+
+@pytest.mark.parametrize(("fact_name", "case_name"), list(_params()))
+def test_the_releases_own_fact_decides_the_case(fact_name: str, case_name: str) -> None:
+    from gpu_impl.vllm_cpu.planning import observe
+
+    facts, _ = CASES_SHOWING[fact_name]
+    version = installed_version()
+    if holds(facts, version) == holds(facts, TARGET_RELEASE):
+        pytest.skip(f"vLLM {version} has the target release's {fact_name}: nothing to tell apart")
+    case = get_case(case_name).with_(vllm_version=version)
+    observation = observe(case, "mrv1")
+    assert observation.unsupported is None, observation.unsupported
+    by_release = compare(case, "mrv1", observation)
+    assert by_release.divergences == (), [d.message for d in by_release.divergences]
+    by_target = compare(case.with_(vllm_version=TARGET_RELEASE), "mrv1", observation)
+    assert by_target.divergences, f"{case_name} conforms by {TARGET_RELEASE}'s facts too: it does not show {fact_name}"
+
+
+@pytest.mark.parametrize("case_name", ["mla-gqa-draft-dcp2", "mla-gqa-draft-b64", "gqa-tp8-dcp4-flashinfer-b128"])
+def test_drafts_and_dcp_are_driven_through_this_releases_own_entry_points(case_name: str) -> None:
+    """0.30 has no SpeculativeConfig.apply_draft_overrides (MRv2's load_eagle_model applies the draft's
+    overrides itself) and no parallel_state.get_dcp_world_size_and_rank: both runners are still driven."""
+    from gpu_impl.vllm_cpu.planning import observe
+
+    case = get_case(case_name).with_(vllm_version=installed_version())
+    for runner in ("mrv1", "mrv2"):
+        observation = observe(case, runner)
+        assert observation.unsupported is None, observation.unsupported
+        result = compare(case, runner, observation)
+        assert result.divergences == (), [d.message for d in result.divergences]
