@@ -48,7 +48,7 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
     if count <= 0:
         return SchedulePlan(skipped="no schedules asked for (--schedules 0)", seed=seed)
     if case.generation == 1:
-        return SchedulePlan(skipped="request schedules are driven for generation 2 (vLLM >= 0.30) only", seed=seed)
+        return SchedulePlan(skipped="request schedules are driven for generation 2 (vLLM >= 0.29) only", seed=seed)
     derivations, why_not = {}, set()
     for runner in ("mrv1", "mrv2"):
         derivation, refusal, early = reference_prediction(case, runner)

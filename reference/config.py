@@ -257,7 +257,7 @@ class CaseConfig:
         if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise ConfigError(f"mamba_cache_mode {self.mamba_cache_mode!r} is not one of {', '.join(MAMBA_CACHE_MODES)}")
         if self.generation not in (1, 2):
-            raise ConfigError(f"generation {self.generation!r} must be 1 (vLLM < 0.30) or 2 (vLLM >= 0.30)")
+            raise ConfigError(f"generation {self.generation!r} must be 1 (vLLM < 0.29) or 2 (vLLM >= 0.29)")
 
     # --- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The whole reference pipeline for one case and one runner (generation 2, vLLM >= 0.30).
+"""The whole reference pipeline for one case and one runner (generation 2, vLLM >= 0.29).
 
 Case -> per-layer specs (``Attention.get_kv_cache_spec`` + ``customize_attention_spec``)
 -> layout (``resolve_kv_cache_layout``) -> groups and placement (``kv_cache_planning``)
