@@ -356,9 +356,15 @@ def _run_cases(args: argparse.Namespace) -> list:
                 continue  # the model's heads do not fit that backend (e.g. head size 96 on FlashInfer)
     samples = PROFILE_SAMPLES[args.profile]
     if samples:
-        from suites.strategies import sample_cases
+        release = _installed_generation1()
+        if release is not None:  # the profile's draw, of what generation 1 has (suites/release_cases.py)
+            from suites.release_cases import gen1_sample_cases
 
-        cases += sample_cases(args.seed, samples)
+            cases += gen1_sample_cases(release, args.seed, samples)
+        else:
+            from suites.strategies import sample_cases
+
+            cases += sample_cases(args.seed, samples)
     for backend in args.backend or ():
         if backend not in BACKENDS:
             raise UsageError(f"unknown backend {backend!r}; expected one of {', '.join(sorted(BACKENDS))}")
@@ -838,6 +844,9 @@ def build_parser() -> argparse.ArgumentParser:
                       html="write it as one HTML page")
     p.add_argument("--no-expectations", action="store_true",
                    help="judge every release without the shipped expectations: known upstream bugs count as unexpected")
+    p.add_argument("--profile", choices=tuple(PROFILE_SAMPLES), default="named",
+                   help="each release's kvconform run --profile: named (its cases only, default), ci or thorough (+ seeded "
+                        "random configs; generation 1 draws them from what it has, suites/release_cases.py)")
     _add_ray_options(p, "each release as a Ray task on whichever node has a free CPU, in that node's release venv "
                         "(--venv where the node has it, else scripts/release_env.sh there); the same history files (needs kvconform[distributed])")
     p.set_defaults(func=_cmd_matrix)
@@ -968,11 +977,11 @@ def _cmd_matrix(args: argparse.Namespace) -> int:
 
             try:
                 doc = matrix_on_ray(args.releases, venvs, parse_address(args.ray), no_expectations=args.no_expectations,
-                                    say=lambda line: print(line, file=sys.stderr))
+                                    profile=args.profile, say=lambda line: print(line, file=sys.stderr))
             except RayUnavailable as exc:
                 raise _ray_failure(exc) from None
             return finish(doc, *outputs)
-        return main_matrix(args.releases, venvs, *outputs, no_expectations=args.no_expectations)
+        return main_matrix(args.releases, venvs, *outputs, no_expectations=args.no_expectations, profile=args.profile)
     except RuntimeError as exc:  # a release venv that could not be made
         raise NothingRan(str(exc)) from None
 
@@ -982,7 +991,8 @@ def _rerender_matrix(args: argparse.Namespace) -> int:
     from conformance.matrix import finish, load_history
 
     for flag, given in (("--releases", args.releases is not None), ("--venv", bool(args.venv)),
-                        ("--ray", args.ray is not None), ("--no-expectations", args.no_expectations)):
+                        ("--ray", args.ray is not None), ("--no-expectations", args.no_expectations),
+                        ("--profile", args.profile != "named")):
         if given:
             raise UsageError(f"--from renders a history that was already made; drop {flag}")
     if not (args.json or args.markdown or args.html):

@@ -195,7 +195,7 @@ def _last_line(text: str) -> str:
 # --------------------------------------------------------------------------- the release matrix
 
 
-def check_release_task(version: str, venv_hint: str | None, no_expectations: bool) -> dict[str, Any]:
+def check_release_task(version: str, venv_hint: str | None, no_expectations: bool, profile: str = "named") -> dict[str, Any]:
     """A Ray task: one release checked on this node (``conformance.matrix.check_release``)."""
     from conformance import matrix
 
@@ -204,21 +204,21 @@ def check_release_task(version: str, venv_hint: str | None, no_expectations: boo
         hinted = Path(venv_hint) if venv_hint else None
         venv = hinted if hinted is not None and (hinted / "bin" / "kvconform").exists() else matrix.release_venv(version)
         with tempfile.TemporaryDirectory(prefix="kvconform-matrix-") as tmp:
-            release = matrix.check_release(version, venv, Path(tmp), no_expectations=no_expectations)
+            release = matrix.check_release(version, venv, Path(tmp), no_expectations=no_expectations, profile=profile)
     except RuntimeError as exc:  # scripts/release_env.sh failed on this node
         return {"error": str(exc), "where": node}
     return {"release": release, "where": node}
 
 
 def matrix_on_ray(versions: Sequence[str], venvs: Mapping[str, Path], address: str | None, *,
-                  no_expectations: bool = False, say: Callable[[str], None]) -> dict[str, Any]:
+                  no_expectations: bool = False, profile: str = "named", say: Callable[[str], None]) -> dict[str, Any]:
     """The release history of ``versions``, one Ray task per release (raises RayUnavailable,
     or RuntimeError naming the release and node whose venv could not be made)."""
     cluster = connect(address)
     try:
         say(f"kvconform: matrix: {len(versions)} release(s) as Ray tasks on {cluster.describe()}")
         task = cluster.ray.remote(num_cpus=1, max_retries=0)(check_release_task)
-        refs = [task.remote(v, str(venvs[v]) if v in venvs else None, no_expectations) for v in versions]
+        refs = [task.remote(v, str(venvs[v]) if v in venvs else None, no_expectations, profile) for v in versions]
 
         def done(i: int, result: Mapping[str, Any]) -> None:
             host = where(result)

@@ -79,9 +79,12 @@ def _divergences(report: Mapping[str, Any], version: str) -> list[dict[str, Any]
     return out
 
 
-def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: bool = False) -> dict[str, Any]:
+def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: bool = False,
+                  profile: str = "named") -> dict[str, Any]:
     """``kvconform run`` and the connector checks of one release, each in its own process
-    (``no_expectations``: every divergence and connector failure counts as unexpected)."""
+    (``no_expectations``: every divergence and connector failure counts as unexpected;
+    ``profile``: ``kvconform run --profile``, the seeded random configs added to the release's
+    cases: generation 1 draws them from what it has, ``suites.release_cases.gen1_sample_cases``)."""
     env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(venv),
                CUDA_VISIBLE_DEVICES="", KVCONFORM_VLLM_LOG=str(workdir / f"vllm-{version}.log"))
     cases = release_cases(version)
@@ -93,12 +96,13 @@ def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: b
     report_path = workdir / f"run-{version}.json"
     t0 = time.monotonic()
     raw = ["--no-expectations"] if no_expectations else []
-    code, line = _run([str(venv / "bin" / "kvconform"), "run", *case_files, *raw, "--json", str(report_path)], env)
+    sampled = ["--profile", profile] if profile != "named" else []
+    code, line = _run([str(venv / "bin" / "kvconform"), "run", *case_files, *sampled, *raw, "--json", str(report_path)], env)
     run: dict[str, Any] = {"exit": code, "line": line, "cases": len(cases), "seconds": round(time.monotonic() - t0, 1)}
     if report_path.exists():
         report = json.loads(report_path.read_text())
         schedules = report.get("schedules") or {}
-        run.update(counts=report.get("counts", {}), complete=report.get("complete"),
+        run.update(cases=len(report.get("results", [])) or len(cases), counts=report.get("counts", {}), complete=report.get("complete"),
                    vllm=(report.get("environment") or {}).get("vllm"), divergences=_divergences(report, version),
                    schedules=schedules.get("run") or {}, draft_steps=schedules.get("draft_steps") or {})
     checks = {}
@@ -135,12 +139,12 @@ def _connector_counts(report: Mapping[str, Any]) -> dict[str, int]:
 
 
 def build(versions: Sequence[str], venv_of: Callable[[str], Path], workdir: Path, *, say: Callable[[str], None] = print,
-          no_expectations: bool = False) -> dict[str, Any]:
+          no_expectations: bool = False, profile: str = "named") -> dict[str, Any]:
     """The release history of ``versions``, each checked in turn in this process's machine."""
     releases = []
     for version in versions:
         say(f"kvconform: matrix: vLLM {version}")
-        releases.append(check_release(version, venv_of(version), workdir, no_expectations=no_expectations))
+        releases.append(check_release(version, venv_of(version), workdir, no_expectations=no_expectations, profile=profile))
         say(release_line(releases[-1]))
     return history(releases, no_expectations=no_expectations)
 
@@ -174,11 +178,11 @@ def write(history: Mapping[str, Any], json_path: Path | None, markdown: Path | N
 
 
 def main_matrix(versions: Sequence[str], venvs: Mapping[str, Path], json_path: Path | None, markdown: Path | None,
-                html_path: Path | None, *, no_expectations: bool = False) -> int:
+                html_path: Path | None, *, no_expectations: bool = False, profile: str = "named") -> int:
     """0: every release ran without an unexpected divergence; 1: a release had one; 5: none ran."""
     with tempfile.TemporaryDirectory(prefix="kvconform-matrix-") as tmp:
         doc = build(versions, lambda v: venvs.get(v) or release_venv(v), Path(tmp), say=lambda line: print(line, file=sys.stderr),
-                    no_expectations=no_expectations)
+                    no_expectations=no_expectations, profile=profile)
     return finish(doc, json_path, markdown, html_path)
 
 

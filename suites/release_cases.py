@@ -6,6 +6,34 @@ from __future__ import annotations
 
 from reference.config import CaseConfig, LayerConfig
 
+GEN1_FAMILIES = ("dense", "swa_hybrid", "mla_draft", "mamba_hybrid", "gqa_draft", "chunked_local_hybrid", "sink")
+"""The random sampler's model families (``suites.strategies.FAMILIES``) that generation-1 releases
+already served. ``reference.gen1`` models dense, MLA and chunked-local attention with full-attention
+drafts; the sliding-window, Mamba and static-sink cases are each reported as not modeled there,
+with the reason, and counted. The later families (R-SWA, Prefix-LM, V3.2's indexer, hidden states,
+GLM-5-next's tail ring, encoder-decoder cross attention) are left out: their layers came after 0.28."""
+
+_HEADS_BEFORE_TOKENS = frozenset({"LBHNC", "LHBNC", "BLHNC", "BHLNC"})
+
+
+def gen1_sample_cases(vllm_version: str, seed: int, count: int) -> list[CaseConfig]:
+    """The seeded random configs of a profile for a generation-1 release: ``count`` cases of
+    ``GEN1_FAMILIES``, each as generation 1 has it: the generation-2 layout's token/head
+    order as ``VLLM_KV_CACHE_LAYOUT`` (HND where heads come before tokens, else NHD), one DCP
+    rank (generation 1's drivers and reference do not split the cache across DCP ranks), each
+    layer on its declared backend (no ``--attention-backend``: the generation-1 driver builds the
+    specs from the case, so a backend vLLM would select is not observed) and no connector (its
+    layout preference is not driven there; generation 1's connectors are checked with
+    ``kvconform check``)."""
+    from suites.strategies import sample_cases
+
+    out = []
+    for case in sample_cases(seed, count, families=GEN1_FAMILIES, prefix="gen1-random"):
+        layout = None if case.layout is None else ("HND" if case.layout in _HEADS_BEFORE_TOKENS else "NHD")
+        out.append(case.with_(generation=1, vllm_version=vllm_version, layout=layout, decode_context_parallel_size=1,
+                              attention_backend=None, speculative_attention_backend=None, connector=None))
+    return out
+
 
 def gen1_cases(vllm_version: str) -> list[CaseConfig]:
     """Dense attention over the backends and layouts generation 1 has, at block sizes

@@ -96,13 +96,17 @@ def _supported_layouts(layers: Sequence[LayerConfig], capability: tuple[int, int
         return ()
 
 
-def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4) -> CaseConfig:
+def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4,
+               families: Sequence[str] = FAMILIES) -> CaseConfig:
     """One valid case from two choice functions, so hypothesis and a seeded RNG share it.
+
+    ``families``: the model families to draw from (default every one; a release that lacks
+    some draws from fewer, e.g. ``suites.release_cases.GEN1_FAMILIES``).
 
     ``pick(options)`` returns one of ``options``; ``integer(lo, hi)`` an int in ``[lo, hi]``.
     Options are listed simplest first, so hypothesis shrinks towards readable cases.
     """
-    family = pick(FAMILIES)
+    family = pick(families)
     # Non-powers of two too: multiples of 16 are valid for MultipleOf(16) backends, and
     # force a smaller kernel block (or a refusal) on fixed-size ones like FlashInfer.
     block_size = pick((16, 32, 64, 128, 256, 48, 96, 272))
@@ -242,10 +246,12 @@ def cases(*, max_layers: int = 4, max_blocks: int = 4) -> Any:
     return build()
 
 
-def sample_cases(seed: int, count: int, **limits: int) -> list[CaseConfig]:
+def sample_cases(seed: int, count: int, *, families: Sequence[str] = FAMILIES, prefix: str = "random",
+                 **limits: int) -> list[CaseConfig]:
     """``count`` cases from a seeded RNG: the same list on every machine and xdist worker."""
     rng = random.Random(seed)
-    return [build_case(rng.choice, rng.randint, name=f"random-s{seed}-{i}", **limits) for i in range(count)]
+    return [build_case(rng.choice, rng.randint, name=f"{prefix}-s{seed}-{i}", families=families, **limits)
+            for i in range(count)]
 
 
 def schedules(widths: Sequence[int], max_num_reqs: int, pool: int = 48, max_ops: int = 30) -> Any:

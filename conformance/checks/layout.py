@@ -121,9 +121,10 @@ def judge_gen1_layout(c: Collector, expected: Any, observation: Any) -> None:
     c.cmp("groups", "groups", [(tuple(g.layer_names), g.spec.block_size) for g in expected.groups],
           [(tuple(g.layer_names), g.block_size) for g in observation.groups])
     c.cmp("num_blocks", "num_blocks", expected.num_blocks, observation.num_blocks)
+    # Keyed by the layers joined with " + " (a report is JSON: its keys are strings).
     c.cmp("tensor_placement", "kv_cache_tensors (shared_by: size)",
-          {tuple(t.shared_by): t.size for t in expected.kv_cache_tensors},
-          {tuple(t.layers): t.size for t in observation.tensors})
+          {" + ".join(t.shared_by): t.size for t in expected.kv_cache_tensors},
+          {" + ".join(t.layers): t.size for t in observation.tensors})
     if observation.kernel_block_sizes is not None:
         c.cmp("kernel_block_size", "kernel_block_sizes", list(expected.selected_kernel_block_sizes), list(observation.kernel_block_sizes))
 

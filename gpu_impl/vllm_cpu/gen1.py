@@ -93,6 +93,24 @@ class _UnknownSignature(Exception):
     """The installed release's function takes an argument the driver has no value for."""
 
 
+def _cache_dtype_fields(cache_dtype: str, model_dtype: Any) -> dict[str, Any]:
+    """The spec's ``dtype`` (and, where the release has it, ``kv_quant_mode``) for a layer's
+    ``--kv-cache-dtype``, as the release's ``Attention.__init__`` / ``get_kv_cache_spec``
+    compute them (``kv_cache_dtype_str_to_dtype``, ``get_kv_quant_mode``)."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from vllm.utils import torch_utils
+    from vllm.v1 import kv_cache_interface
+
+    fields: dict[str, Any] = {"dtype": torch_utils.kv_cache_dtype_str_to_dtype(cache_dtype, SimpleNamespace(dtype=model_dtype))}
+    quant_mode_of = getattr(kv_cache_interface, "get_kv_quant_mode", None)
+    takes = {f.name for f in dataclasses.fields(kv_cache_interface.FullAttentionSpec)}
+    if quant_mode_of is not None and "kv_quant_mode" in takes:
+        fields["kv_quant_mode"] = quant_mode_of(cache_dtype)
+    return fields
+
+
 def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: str = "meta",
             on_registered: Callable[[RegisteredKV], None] | None = None) -> Observation:
     """What ``runner`` of the installed generation-1 vLLM registers for ``case``.
@@ -149,15 +167,24 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                                              dtype=model_dtype, cache_dtype_str="auto")
                 if layer.kind == "mla" else
                 FullAttentionSpec(block_size=case.block_size, num_kv_heads=layer.num_kv_heads,
-                                  head_size=layer.head_size, dtype=model_dtype)
+                                  head_size=layer.head_size, **_cache_dtype_fields(layer.cache_dtype, model_dtype))
                 for layer in case.layers
             }
-            backends = {layer.name: AttentionBackendEnum[layer.backend].get_class() for layer in case.layers}
+            backends = {}
+            for layer in case.layers:
+                try:
+                    backends[layer.name] = AttentionBackendEnum[layer.backend].get_class()
+                except (ImportError, AssertionError, RuntimeError) as exc:  # e.g. a module allocating CUDA memory at import
+                    return Observation(case.name, runner, shims=applied,
+                                       unsupported=f"backend class not importable on CPU: {layer.backend}: "
+                                                   f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
             partial["layer_backends"] = {name: cls.get_name() for name, cls in backends.items()}
             stage = "groups"
             groups = get_kv_cache_groups(vc, specs)
             stage = "placement"
-            memory = (case.num_blocks or 1) * sum(s.page_size_bytes for s in specs.values()) * 2
+            # The case's --kv-cache-memory when it sets one; else room for more than num_blocks
+            # (num_gpu_blocks_override above caps the count).
+            memory = case.kv_cache_memory_bytes or (case.num_blocks or 1) * sum(s.page_size_bytes for s in specs.values()) * 2
             kcc = get_kv_cache_config_from_groups(vc, groups, memory)
             partial["groups"] = tuple(GroupObs(tuple(g.layer_names), g.kv_cache_spec.block_size, type(g.kv_cache_spec).__name__)
                                       for g in kcc.kv_cache_groups)

@@ -131,6 +131,8 @@ def test_bad_matrix_input_is_one_line_and_exit_4(tmp_path) -> None:
          "releases[0].run.divergences[0]: expected case, runner, kind, field and message strings"),
         (["matrix", "--from", str(tmp_path / "bad.json")], "give --markdown, --html and/or --json"),
         (["matrix", "--from", str(tmp_path / "bad.json"), "--ray", "--json", str(tmp_path / "h.json")], "drop --ray"),
+        (["matrix", "--from", str(tmp_path / "bad.json"), "--profile", "ci", "--json", str(tmp_path / "h.json")],
+         "drop --profile"),
     ):
         out = kvconform(*args)
         lines = out.stderr.strip().splitlines()
@@ -163,3 +165,17 @@ def test_no_expectations_reaches_every_step_of_a_release(tmp_path, monkeypatch) 
     commands.clear()
     assert matrix.build(["0.21.0"], lambda v: tmp_path, tmp_path, say=lambda line: None)["expectations"] == "shipped"
     assert commands and not any("--no-expectations" in c for c in commands)
+
+
+def test_a_profile_reaches_each_releases_run_and_only_it(tmp_path, monkeypatch) -> None:
+    """``kvconform matrix --profile ci``: each release's ``kvconform run`` adds the profile's seeded
+    random configs; the connector checks keep their cases."""
+    commands = []
+    monkeypatch.setattr(matrix, "_run", lambda cmd, env: (commands.append(list(cmd)) or (0, "")))
+    matrix.build(["0.21.0"], lambda v: tmp_path, tmp_path, say=lambda line: None, profile="ci")
+    run, *checks = commands
+    assert run[1] == "run" and run[run.index("--profile") + 1] == "ci"
+    assert checks and not any("--profile" in c for c in checks)
+    commands.clear()
+    matrix.build(["0.21.0"], lambda v: tmp_path, tmp_path, say=lambda line: None)
+    assert not any("--profile" in c for c in commands)
