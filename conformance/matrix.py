@@ -55,10 +55,13 @@ def _run(cmd: Sequence[str], env: Mapping[str, str]) -> tuple[int, str]:
         proc = subprocess.run(list(cmd), cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=STEP_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return 124, f"timed out after {STEP_TIMEOUT_S} s"
-    # The command's own verdict lines, not where it put vLLM's log (a temporary path).
+    # The command's own verdict lines, not where it put vLLM's log (a temporary path); else its
+    # last line of output (a connector check's count line), and only then the last line vLLM or
+    # torch wrote (a crash says why there).
     lines = [line for line in (proc.stderr + proc.stdout).splitlines()
              if line.startswith("kvconform:") and "own output:" not in line and "request schedules" not in line]
-    return proc.returncode, (lines[-1] if lines else (proc.stderr.strip().splitlines() or [""])[-1])[:400]
+    last = (proc.stdout.strip().splitlines() or proc.stderr.strip().splitlines() or [""])[-1]
+    return proc.returncode, (lines[-1] if lines else last)[:400]
 
 
 def _divergences(report: Mapping[str, Any], version: str) -> list[dict[str, Any]]:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+
+import pytest
 
 from conformance import history_formats as matrix_formats
 from conformance import matrix
@@ -179,3 +183,13 @@ def test_a_profile_reaches_each_releases_run_and_only_it(tmp_path, monkeypatch) 
     commands.clear()
     matrix.build(["0.21.0"], lambda v: tmp_path, tmp_path, say=lambda line: None)
     assert not any("--profile" in c for c in commands)
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "line"), [
+    ("89 passed, 2 failed\n", "Please install mooncake by following the instructions\n", "89 passed, 2 failed"),
+    ("", "noise\nkvconform: nothing ran: no vLLM\nmore noise\n", "kvconform: nothing ran: no vLLM"),
+    ("", "Traceback (most recent call last):\nImportError: no module named vllm\n", "ImportError: no module named vllm"),
+])
+def test_a_steps_line_is_its_own_verdict_not_vllms_noise(stdout: str, stderr: str, line: str) -> None:
+    script = f"import sys; sys.stdout.write({stdout!r}); sys.stderr.write({stderr!r})"
+    assert matrix._run([sys.executable, "-c", script], dict(os.environ)) == (0, line)
