@@ -598,7 +598,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     cases = _select_cases(args.case)
     if any(c.generation == 1 for c in cases):
         if args.all:
-            raise UsageError("--all: generation-1 cases are checked with --connector gpu_impl.connectors.mooncake:MooncakeAdapter")
+            raise UsageError("--all: generation-1 cases are checked one connector at a time: --connector "
+                             "gpu_impl.connectors.mooncake:MooncakeAdapter or gpu_impl.connectors.nixl:NixlAdapter")
         return _check_generation1(args, cases)
     runners = tuple(args.runner or ("mrv1", "mrv2"))
     cases, shard = _sharded(cases, args.shard)
@@ -633,23 +634,25 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_generation1(args: argparse.Namespace, cases: Sequence[Any]) -> int:
-    """Generation-1 cases: the installed release's own Mooncake worker, judged by reference.gen1
+    """Generation-1 cases: the installed release's own Mooncake or NIXL worker, judged by reference.gen1
     (conformance/connectors/mooncake_gen1.py)."""
     from conformance.connectors import mooncake_gen1
 
     if any(c.generation != 1 for c in cases):
         raise UsageError("--case: generation-1 and generation-2 cases cannot be checked in one run; check them separately")
-    if args.connector != mooncake_gen1.CONNECTOR:
-        raise NothingRan(f"generation-1 cases are checked with the built-in Mooncake connector only "
-                         f"(--connector {mooncake_gen1.CONNECTOR}); {args.connector} has no generation-1 driver")
+    if args.connector not in mooncake_gen1.CONNECTORS:
+        raise NothingRan(f"generation-1 cases are checked with the built-in Mooncake and NIXL connectors only "
+                         f"(--connector {' or '.join(mooncake_gen1.CONNECTORS)}); {args.connector} has no generation-1 driver")
+    name = mooncake_gen1.CONNECTORS[args.connector]
     release = _installed_generation1()
     if release is None:
         raise NothingRan("generation-1 cases need a generation-1 vLLM (0.19 to 0.28) installed, e.g. "
                          "`bash scripts/release_env.sh 0.20.0`")
     results = mooncake_gen1.check(cases, tuple(args.runner or ("mrv1", "mrv2")), vllm_version=release,
-                                  expectations=() if args.no_expectations else None)
+                                  expectations=() if args.no_expectations else None, connector=args.connector)
     if args.json != "-":
-        print(f"kvconform: vLLM {release}'s MooncakeConnectorWorker on what each runner registers, {len(cases)} case(s)")
+        worker = {"mooncake": "MooncakeConnectorWorker", "nixl": "NixlConnectorWorker"}[name]
+        print(f"kvconform: vLLM {release}'s {worker} on what each runner registers, {len(cases)} case(s)")
         print(mooncake_gen1.format_results(results))
     _write_json(mooncake_gen1.to_dict(results, release), args.json)
     if all(r.status == "unsupported" for r in results):

@@ -581,6 +581,21 @@ def mooncake_refusal(d: Gen1Derivation) -> str | None:
     return None
 
 
+def nixl_refusal(d: Gen1Derivation) -> str | None:
+    """Why the release's ``NixlConnectorWorker`` refuses what this runner registered (None: it
+    does not). Its ``__init__`` selects the kernel block size over the backends
+    (``select_common_block_size``; none fits: a refusal); ``register_kv_caches`` then asserts
+    every tensor holds ``num_blocks * block_size // kernel`` blocks, which views reshaped with
+    another block size do not (MRv2 before 0.22 uses the logical one: vLLM #42846, the report
+    that named NIXL)."""
+    if None in d.selected_kernel_block_sizes:
+        return "No common block size (NixlConnectorWorker.__init__: select_common_block_size)"
+    if any(k != s for k, s in zip(d.kernel_block_sizes, d.selected_kernel_block_sizes)):
+        return ("All kv cache tensors must have the same number of blocks (register_kv_caches: the views hold "
+                "logical blocks, the worker counts kernel blocks; vLLM #42846)")
+    return None
+
+
 # --- helpers for byte-set comparisons -----------------------------------------------------
 
 
@@ -598,6 +613,7 @@ __all__ = [
     "contiguous_strides",
     "derive_gen1",
     "gen1_kernel_block_sizes",
+    "nixl_refusal",
     "gen1_kv_cache_shape",
     "gen1_layout",
     "gen1_spec",

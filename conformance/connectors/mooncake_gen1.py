@@ -30,6 +30,11 @@ from reference import intervals
 
 CONNECTOR = "gpu_impl.connectors.mooncake:MooncakeAdapter"
 """The built-in Mooncake adapter's name; on a generation-1 vLLM it is checked here."""
+NIXL_CONNECTOR = "gpu_impl.connectors.nixl:NixlAdapter"
+"""The built-in NIXL adapter's name; on a generation-1 vLLM, ``gpu_impl.connectors.nixl_gen1`` drives
+the release's own ``NixlConnectorWorker`` and the same judge compares its transfer descriptors."""
+CONNECTORS = {CONNECTOR: "mooncake", NIXL_CONNECTOR: "nixl"}
+"""The built-in adapters checked on generation 1, by the short name their results carry."""
 STATUSES = ("pass", "refusal", "failure", "unsupported")
 MAX_FINDINGS = 6
 
@@ -71,14 +76,24 @@ def _cause(case: Any, obs: Any, block: int, got: Sequence[tuple[int, int]], owne
     return f"the planned copies are not the block's bytes ({missed} of its bytes missed, {extra} others moved)"
 
 
-def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
-    """The reference's verdict on one observed Mooncake registration."""
+def _nixl_block_size(d: Any) -> int | None:
+    """The block size NIXL's worker works in: the kernel block size its ``__init__`` selects over the
+    backends (``select_common_block_size``), when the groups agree on one."""
+    sizes = set(d.selected_kernel_block_sizes)
+    return sizes.pop() if len(sizes) == 1 and None not in sizes else None
+
+
+def judge(case: Any, runner: str, obs: Any, connector: str = CONNECTOR) -> Gen1ConnectorResult:
+    """The reference's verdict on one observed registration of ``connector`` (Mooncake's, or NIXL's:
+    the transfer descriptors are judged alike, each worker's refusals by its own rule)."""
     from reference.errors import NotModeledError, StartupError
-    from reference.gen1 import derive_gen1, merged_runs, mooncake_block_size, mooncake_refusal
+    from reference.gen1 import derive_gen1, merged_runs, mooncake_block_size, mooncake_refusal, nixl_refusal
+
+    short = CONNECTORS[connector]
 
     def result(status: str, detail: str, findings: Sequence[str] = ()) -> Gen1ConnectorResult:
-        return Gen1ConnectorResult("mooncake", case.name, runner, status, detail, tuple(findings)[:MAX_FINDINGS],
-                                   replay_command(case, connector=CONNECTOR), case.to_dict())
+        return Gen1ConnectorResult(short, case.name, runner, status, detail, tuple(findings)[:MAX_FINDINGS],
+                                   replay_command(case, connector=connector), case.to_dict())
 
     if obs.unsupported:
         return result("unsupported", obs.unsupported)
@@ -92,7 +107,7 @@ def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
         return result("unsupported", f"reference.gen1 does not model this case: {exc}")
     if obs.runner_error:
         return result("failure", f"the runner refused ({obs.runner_error}) where the reference predicts it starts")
-    predicted = mooncake_refusal(d)
+    predicted = mooncake_refusal(d) if short == "mooncake" else nixl_refusal(d)
     if obs.error:
         where = f" at {obs.error_line}" if obs.error_line else ""
         said = (f"predicted by the reference: {predicted}" if predicted
@@ -101,8 +116,8 @@ def judge(case: Any, runner: str, obs: Any) -> Gen1ConnectorResult:
     if predicted:
         return result("failure", f"the reference predicts register_kv_caches refuses ({predicted}), but it accepted")
     findings: list[str] = []
-    want_bs = mooncake_block_size(d)
-    if obs.block_size != want_bs:
+    want_bs = mooncake_block_size(d) if short == "mooncake" else _nixl_block_size(d)
+    if want_bs is not None and obs.block_size != want_bs:
         findings.append(f"worker.block_size is {obs.block_size}, the reference's {want_bs}")
     if obs.transfers is None:
         return result("unsupported", "; ".join(obs.notes) or "the worker's transfer planning was not driven", findings)
@@ -144,7 +159,7 @@ def known_failures(results: Sequence[Gen1ConnectorResult], cases: Sequence[Any],
     from conformance.diff import Divergence
     from conformance.expectations import case_facts, classify
 
-    failures = {(r.case, r.runner): Divergence("connector_copy_plan", r.case, r.runner, f"mooncake.{_layer_of(r)}",
+    failures = {(r.case, r.runner): Divergence("connector_copy_plan", r.case, r.runner, f"{r.connector}.{_layer_of(r)}",
                                                "the block's bytes", r.detail)
                 for r in results if r.status == "failure"}
     by_name = {c.name: c for c in cases}
@@ -156,10 +171,13 @@ def known_failures(results: Sequence[Gen1ConnectorResult], cases: Sequence[Any],
 
 
 def check(cases: Sequence[Any], runners: Sequence[str] = ("mrv1", "mrv2"), *, vllm_version: str,
-          expectations: Sequence[Any] | None = None) -> list[Gen1ConnectorResult]:
-    from gpu_impl.connectors.mooncake_gen1 import observe_registration
+          expectations: Sequence[Any] | None = None, connector: str = CONNECTOR) -> list[Gen1ConnectorResult]:
+    if CONNECTORS[connector] == "nixl":
+        from gpu_impl.connectors.nixl_gen1 import observe_registration
+    else:
+        from gpu_impl.connectors.mooncake_gen1 import observe_registration
 
-    judged = [judge(case, runner, observe_registration(case, runner)) for case in cases for runner in runners]
+    judged = [judge(case, runner, observe_registration(case, runner), connector) for case in cases for runner in runners]
     return known_failures(judged, cases, vllm_version, expectations)
 
 
@@ -185,4 +203,4 @@ def to_dict(results: Sequence[Gen1ConnectorResult], vllm_version: str) -> dict[s
             "results": [asdict(r) | {"findings": list(r.findings)} for r in results]}
 
 
-__all__ = ["CONNECTOR", "Gen1ConnectorResult", "check", "format_results", "judge", "known_failures", "to_dict"]
+__all__ = ["CONNECTOR", "CONNECTORS", "NIXL_CONNECTOR", "Gen1ConnectorResult", "check", "format_results", "judge", "known_failures", "to_dict"]

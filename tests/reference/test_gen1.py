@@ -409,3 +409,16 @@ def test_same_logical_block_bytes_in_mrv1_and_mrv2_0_21(case: CaseConfig) -> Non
     for name in one.registered:
         for b in range(one.num_blocks):
             assert merged_runs([one.block_bytes(name, b).page]) == merged_runs([two.block_bytes(name, b).page])
+
+
+def test_nixl_refuses_mrv2s_logical_block_views_until_022_and_an_unsplittable_block() -> None:
+    from reference.gen1 import nixl_refusal
+    from suites.release_cases import gen1_cases
+
+    def case(release: str, name: str):
+        return next(c for c in gen1_cases(release) if c.name == name)
+
+    assert "same number of blocks" in nixl_refusal(derive_gen1(case("0.21.0", "gen1-flashinfer-b128"), "mrv2"))
+    assert nixl_refusal(derive_gen1(case("0.21.0", "gen1-flashinfer-b128"), "mrv1")) is None
+    assert nixl_refusal(derive_gen1(case("0.22.0", "gen1-flashinfer-b128"), "mrv2")) is None
+    assert "No common block size" in nixl_refusal(derive_gen1(case("0.21.0", "gen1-flex-b8"), "mrv2"))
