@@ -107,6 +107,17 @@ class _Agent:
         return lambda *a, **k: None
 
 
+def _kernel_ids(worker: Any, block_ids: Any) -> Any:
+    """The worker's own expansion of logical ids into kernel blocks (from 0.27 or so it takes the
+    ratio, its ``_physical_blocks_per_logical_kv_block``)."""
+    import inspect
+
+    expand = worker._logical_to_kernel_block_ids
+    if "ratio" in inspect.signature(expand).parameters:
+        return expand(block_ids, worker._physical_blocks_per_logical_kv_block)
+    return expand(block_ids)
+
+
 def _descriptor_ids(worker: Any, kernel_ids: Any) -> list[int]:
     """The worker's own descriptor ids of ``kernel_ids`` (its own engine as the peer)."""
     if hasattr(worker, "_get_block_descs_ids"):  # 0.20
@@ -134,7 +145,14 @@ def _register(module: Any, case: Any, kv: Any) -> dict[str, Any]:
              "get_tensor_model_parallel_rank": lambda: 0, "get_tensor_model_parallel_world_size": lambda: 1,
              "get_current_attn_backends": lambda *a, **k: backends, "get_current_attn_backend": lambda *a, **k: backends[0],
              "compute_nixl_compatibility_hash": lambda *a, **k: "kvconform"}
-    patches = [mock.patch.object(module, name, value) for name, value in fakes.items() if hasattr(module, name)]
+    # The names are looked up where the worker's code lives: worker.py, and from 0.27 or so
+    # base_worker.py (the pull/push workers' shared base), as on the target release.
+    homes = [module]
+    try:
+        homes.append(importlib.import_module(module.__name__.rsplit(".", 1)[0] + ".base_worker"))
+    except ImportError:
+        pass
+    patches = [mock.patch.object(home, name, value) for home in homes for name, value in fakes.items() if hasattr(home, name)]
     caches = kv.kv_caches
     layers = tuple(LayerTensor(n, t.data_ptr(), t.nbytes, tuple(t.shape), tuple(t.stride()), t.element_size())
                    for n, t in caches.items())
@@ -157,14 +175,14 @@ def _register(module: Any, case: Any, kv: Any) -> dict[str, Any]:
         except (AssertionError, ValueError, RuntimeError, IndexError) as exc:
             return out | {"error": f"{type(exc).__name__}: {exc}".rstrip(": ")[:400], "error_line": _raising_line(exc),
                           "block_len_per_layer": tuple(getattr(worker, "block_len_per_layer", ()))}
-        descriptors = list(worker.src_blocks_data)
+        descriptors = [tuple(d) for d in list(worker.src_blocks_data)]  # a list, or an array (0.27 on)
         logical = int(kv.kv_cache_config.num_blocks)
         transfers: dict[int, tuple[tuple[int, int], ...]] = {}
         notes: tuple[str, ...] = ()
         try:
             groups = len(kv.kv_cache_config.kv_cache_groups)
             for b in range(logical):
-                kernel_ids = worker._logical_to_kernel_block_ids([[b] for _ in range(groups)])
+                kernel_ids = _kernel_ids(worker, [[b] for _ in range(groups)])
                 transfers[b] = tuple((int(descriptors[i][0]), int(descriptors[i][1]))
                                      for i in _descriptor_ids(worker, kernel_ids))
         except (AttributeError, TypeError, IndexError, KeyError) as exc:
