@@ -108,7 +108,14 @@ def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: b
         run.update(cases=len(report.get("results", [])) or len(cases), counts=report.get("counts", {}), complete=report.get("complete"),
                    vllm=(report.get("environment") or {}).get("vllm"), divergences=_divergences(report, version),
                    schedules=schedules.get("run") or {}, draft_steps=schedules.get("draft_steps") or {})
-    checks = {}
+    checks = connector_checks(version, venv, cases, case_files, raw, env, workdir)
+    return {"version": version, "venv": str(venv), "run": run, "checks": checks}
+
+
+def connector_checks(version: str, venv: Path, cases: Sequence[Any], case_files: Sequence[str], raw: Sequence[str],
+                     env: Mapping[str, str], workdir: Path) -> dict[str, Any]:
+    """Each built-in connector's ``kvconform check`` of one release (its own process), by name."""
+    checks: dict[str, Any] = {}
     for name, adapter in CONNECTORS.items():
         target = workdir / f"check-{name}-{version}.json"
         # Generation 1: the release's cases (its own Mooncake worker; NIXL says it has no
@@ -123,13 +130,24 @@ def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: b
                         "replay": f"{_venv_prefix(version)} kvconform check --connector {adapter}{shown}"}
         if target.exists():
             found = json.loads(target.read_text())
-            checks[name]["counts"] = found.get("counts") or _connector_counts(found)
+            # Generation 1: one list of results and counts; generation 2 (kvconform.connector-report/2):
+            # per connector, with the run's totals.
+            results = found.get("results") or [r for c in found.get("connectors", []) for r in c.get("results", [])]
+            checks[name]["counts"] = (found.get("counts") or {k: n for k, n in (found.get("totals") or {}).items() if n}
+                                      or _connector_counts({"results": results}))
             checks[name]["failures"] = [
                 {"case": r["case"], "runner": r["runner"], "status": r["status"], "detail": r["detail"],
-                 "findings": r.get("findings", [])[:2], "known": r.get("expected_by"),
-                 "replay": f"{_venv_prefix(version)} {r.get('replay', '')}"}
-                for r in found.get("results", []) if r.get("status") in ("failure", "refusal")]
-    return {"version": version, "venv": str(venv), "run": run, "checks": checks}
+                 "findings": (r.get("findings") or [_finding_line(d) for d in r.get("divergences", [])])[:2],
+                 "known": r.get("expected_by"), "replay": f"{_venv_prefix(version)} {r.get('replay', '')}"}
+                for r in results if r.get("status") in ("failure", "refusal")]
+    return checks
+
+
+def _finding_line(divergence: Any) -> str:
+    """One line of a generation-2 connector divergence (a dict with a message, or text)."""
+    if isinstance(divergence, Mapping):
+        return str(divergence.get("message") or divergence.get("detail") or divergence)[:300]
+    return str(divergence)[:300]
 
 
 def _connector_counts(report: Mapping[str, Any]) -> dict[str, int]:

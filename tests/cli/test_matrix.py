@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -193,3 +194,25 @@ def test_a_profile_reaches_each_releases_run_and_only_it(tmp_path, monkeypatch) 
 def test_a_steps_line_is_its_own_verdict_not_vllms_noise(stdout: str, stderr: str, line: str) -> None:
     script = f"import sys; sys.stdout.write({stdout!r}); sys.stderr.write({stderr!r})"
     assert matrix._run([sys.executable, "-c", script], dict(os.environ)) == (0, line)
+
+
+def test_a_generation_2_connector_report_is_counted_with_its_failures(tmp_path, monkeypatch) -> None:
+    """``kvconform check --json`` on generation 2 writes kvconform.connector-report/2 (results per
+    connector, the run's totals): the history counts them and lists each failure with its replay."""
+    report = {"schema": "kvconform.connector-report/2", "totals": {"pass": 3, "failure": 1, "refusal": 0},
+              "connectors": [{"results": [
+                  {"case": "c", "runner": "mrv1", "status": "failure", "detail": "3 wrong bytes", "replay": "kvconform check x",
+                   "divergences": [{"message": "block 0: moves [0, 8) where the block's bytes are [0, 4)"}], "expected_by": None},
+                  {"case": "c", "runner": "mrv2", "status": "pass", "detail": "", "replay": "", "divergences": []}]}]}
+
+    def run(cmd, env):
+        if cmd[1] == "check":
+            Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps(report))
+        return 0, ""
+
+    monkeypatch.setattr(matrix, "_run", run)
+    release = matrix.check_release("0.33.0", tmp_path, tmp_path)
+    for check in release["checks"].values():
+        assert check["counts"] == {"pass": 3, "failure": 1}
+        (failure,) = check["failures"]
+        assert failure["case"] == "c" and failure["findings"] == ["block 0: moves [0, 8) where the block's bytes are [0, 4)"]
