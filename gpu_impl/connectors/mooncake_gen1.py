@@ -71,8 +71,9 @@ class MooncakeRegistration:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-def _raising_line(exc: BaseException) -> str | None:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "mooncake" in f.filename]
+def _raising_line(exc: BaseException, connector: str = "mooncake") -> str | None:
+    """``file:line: code`` of the connector's own frame that raised (None: none of its frames)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if connector in f.filename]
     if not frames:
         return None
     f = frames[-1]
@@ -134,7 +135,7 @@ def _plan_transfers(mc: Any, worker: Any, num_blocks: int) -> tuple[dict[int, tu
 
 def observe_registration(case: Any, runner: str) -> MooncakeRegistration:
     """Run ``runner``'s registration for ``case`` and the installed Mooncake worker on it."""
-    from gpu_impl.vllm_cpu import gen1, shims
+    from gpu_impl.vllm_cpu import shims
 
     applied = tuple(shims.apply())
     try:
@@ -146,12 +147,17 @@ def observe_registration(case: Any, runner: str) -> MooncakeRegistration:
         why = (f"this vLLM has no {WORKER_MODULE}" if missing.startswith("vllm") or not missing
                else f"{WORKER_MODULE} needs the package {missing!r}, which is not installed")
         return MooncakeRegistration(case.name, runner, unsupported=f"{why} ({exc})")
+    return registration_through(case, runner, applied, lambda kv: _register(mc, case, kv))
+
+
+def registration_through(case: Any, runner: str, applied: tuple[str, ...], register: Any) -> MooncakeRegistration:
+    """``runner``'s generation-1 registration of ``case`` on real CPU tensors, handed to
+    ``register(kv)`` (a connector worker's, returning the record's fields) while the case's
+    config is in force; the runner's own refusal or unsupported case is said instead."""
+    from gpu_impl.vllm_cpu import gen1
+
     result: dict[str, Any] = {}
-
-    def on_registered(kv: gen1.RegisteredKV) -> None:
-        result.update(_register(mc, case, kv))
-
-    obs = gen1.observe(case, runner, applied, device="cpu", on_registered=on_registered)
+    obs = gen1.observe(case, runner, applied, device="cpu", on_registered=lambda kv: result.update(register(kv)))
     if obs.unsupported:
         return MooncakeRegistration(case.name, runner, unsupported=obs.unsupported)
     if obs.error and not result:
@@ -234,4 +240,4 @@ def _register(mc: Any, case: Any, kv: Any) -> dict[str, Any]:
                 pass
 
 
-__all__ = ["MooncakeRegistration", "observe_registration"]
+__all__ = ["MooncakeRegistration", "observe_registration", "registration_through"]

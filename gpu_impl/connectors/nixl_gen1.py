@@ -23,12 +23,12 @@ descriptors with ``reference.gen1``'s bytes of each block.
 from __future__ import annotations
 
 import importlib
-import traceback
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
-from gpu_impl.connectors.mooncake_gen1 import LayerTensor, MooncakeRegistration
+from gpu_impl.connectors.mooncake_gen1 import LayerTensor, MooncakeRegistration, _raising_line, registration_through
+from gpu_impl.connectors.nixl import RecordingNixl
 
 WORKER_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker",
                   "vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector")
@@ -36,14 +36,6 @@ WORKER_MODULES = ("vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker",
 
 NixlRegistration = MooncakeRegistration
 """The same record: tensors, block size, blocks, lengths, bases, per-block transfers, or why not."""
-
-
-def _raising_line(exc: BaseException) -> str | None:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "nixl" in f.filename]
-    if not frames:
-        return None
-    f = frames[-1]
-    return f"{f.filename.split('site-packages/')[-1]}:{f.lineno}: {f.line}"
 
 
 def _worker_module() -> tuple[Any, str | None]:
@@ -61,50 +53,13 @@ def _worker_module() -> tuple[Any, str | None]:
 
 def observe_registration(case: Any, runner: str) -> NixlRegistration:
     """Run ``runner``'s registration for ``case`` and the installed NIXL worker on it."""
-    from gpu_impl.vllm_cpu import gen1, shims
+    from gpu_impl.vllm_cpu import shims
 
     applied = tuple(shims.apply())
     module, why = _worker_module()
     if module is None:
         return NixlRegistration(case.name, runner, unsupported=why)
-    result: dict[str, Any] = {}
-
-    def on_registered(kv: gen1.RegisteredKV) -> None:
-        result.update(_register(module, case, kv))
-
-    obs = gen1.observe(case, runner, applied, device="cpu", on_registered=on_registered)
-    if obs.unsupported:
-        return NixlRegistration(case.name, runner, unsupported=obs.unsupported)
-    if obs.error and not result:
-        return NixlRegistration(case.name, runner, runner_error=obs.error)
-    return NixlRegistration(case.name, runner, **result)
-
-
-class _Agent:
-    """Stands in for the NIXL agent (``NixlWrapper``): records registrations, prepares nothing."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.registered: list[Any] = []
-
-    def get_reg_descs(self, ranges, mem_type):
-        return (list(ranges), mem_type)
-
-    def register_memory(self, descs, backends=None):
-        self.registered.append(descs)
-
-    def get_xfer_descs(self, data, mem_type=None):
-        return (data, mem_type)
-
-    def prep_xfer_dlist(self, *args, **kwargs):
-        return 0
-
-    def get_agent_metadata(self):
-        return b"agent"
-
-    def __getattr__(self, name):  # anything else the worker pokes: a harmless no-op
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return lambda *a, **k: None
+    return registration_through(case, runner, applied, lambda kv: _register(module, case, kv))
 
 
 def _kernel_ids(worker: Any, block_ids: Any) -> Any:
@@ -141,7 +96,7 @@ def _register(module: Any, case: Any, kv: Any) -> dict[str, Any]:
                             dtype=None, get_head_size=lambda: case.layers[0].head_size,
                             get_num_layers=lambda *a: len(case.layers))
     platform = SimpleNamespace(device_type="cuda", get_nixl_memory_type=lambda: "VRAM", discover_numa_topology=lambda: [])
-    fakes = {"NixlWrapper": _Agent, "nixl_agent_config": None, "current_platform": platform,
+    fakes = {"NixlWrapper": RecordingNixl, "nixl_agent_config": None, "current_platform": platform,
              "get_tensor_model_parallel_rank": lambda: 0, "get_tensor_model_parallel_world_size": lambda: 1,
              "get_current_attn_backends": lambda *a, **k: backends, "get_current_attn_backend": lambda *a, **k: backends[0],
              "compute_nixl_compatibility_hash": lambda *a, **k: "kvconform"}
@@ -166,14 +121,14 @@ def _register(module: Any, case: Any, kv: Any) -> dict[str, Any]:
         try:
             worker = module.NixlConnectorWorker(vc, "kvconform-engine", kv.kv_cache_config)
         except (AssertionError, ValueError) as exc:  # vLLM's own checks refusing the configuration
-            return out | {"error": f"{type(exc).__name__}: {exc}".rstrip(": "), "error_line": _raising_line(exc)}
+            return out | {"error": f"{type(exc).__name__}: {exc}".rstrip(": "), "error_line": _raising_line(exc, "nixl")}
         except (RuntimeError, AttributeError, TypeError, KeyError) as exc:  # a stand-in this release needs more of
             return out | {"unsupported": f"NixlConnectorWorker.__init__ did not run here: {type(exc).__name__}: {exc}"[:300]}
         out["block_size"] = int(worker.block_size)
         try:
             worker.register_kv_caches(dict(caches))
         except (AssertionError, ValueError, RuntimeError, IndexError) as exc:
-            return out | {"error": f"{type(exc).__name__}: {exc}".rstrip(": ")[:400], "error_line": _raising_line(exc),
+            return out | {"error": f"{type(exc).__name__}: {exc}".rstrip(": ")[:400], "error_line": _raising_line(exc, "nixl"),
                           "block_len_per_layer": tuple(getattr(worker, "block_len_per_layer", ()))}
         descriptors = [tuple(d) for d in list(worker.src_blocks_data)]  # a list, or an array (0.27 on)
         logical = int(kv.kv_cache_config.num_blocks)
