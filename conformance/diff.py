@@ -131,6 +131,8 @@ def _compare_with_facts(case: CaseConfig, runner: str, observation: Any, schedul
     if case.generation == 1:
         layout.judge_gen1_layout(c, expected, observation)
         views.compare_views(c, expected.registered, observation.registered, mismatch=False)
+        if schedules is not None:
+            c.out += schedule_divergences(case, runner, schedules, observation)
         return Comparison(case, runner, "fail" if c.out else "pass", tuple(c.out))
     layout.judge_layout(c, case, expected, observation)
     views.judge_views(c, expected, observation)

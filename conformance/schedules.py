@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference.config import CaseConfig
+from reference.releases import MRV1_MOVE_ROW_CLEARS_SOURCE, holds
 
 from conformance.divergence import draft_layers
 from conformance.prediction import reference_prediction
@@ -47,8 +48,6 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
 
     if count <= 0:
         return SchedulePlan(skipped="no schedules asked for (--schedules 0)", seed=seed)
-    if case.generation == 1:
-        return SchedulePlan(skipped="request schedules are driven for generation 2 (vLLM >= 0.29) only", seed=seed)
     derivations, why_not = {}, set()
     for runner in ("mrv1", "mrv2"):
         derivation, refusal, early = reference_prediction(case, runner)
@@ -69,8 +68,33 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
     draft = _draft_steps(case, first, groups)
     if draft is not None:
         scenarios = [dict(sc, draft=draft) for sc in scenarios]
+    kernel_ids = _kernel_ids(case, derivations, groups)
+    if any(ratios is not None for ratios in kernel_ids.values()):
+        scenarios = [dict(sc, kernel_ids=kernel_ids) for sc in scenarios]
+    if not holds(MRV1_MOVE_ROW_CLEARS_SOURCE, case.vllm_version):
+        scenarios = [dict(sc, mrv1_move_clears_source=False) for sc in scenarios]
     kernels = {runner: _kernel_sizes_by_owner(case, d) for runner, d in derivations.items()}
+    if case.generation == 1:
+        scenarios = [dict(sc, draft=None) for sc in scenarios]  # the generation-1 driver runs no drafter
     return SchedulePlan(tuple(scenarios), kernels, seed=seed)
+
+
+def _kernel_ids(case: CaseConfig, derivations: dict[str, Any], groups: list[dict[str, Any]]) -> dict[str, list[int] | None]:
+    """Per runner whose release stores kernel block ids in its block tables
+    (``reference.releases.BLOCK_TABLES_HOLD_KERNEL_IDS``), how many per block id in each
+    attention group: its own derivation's kernel split (the runners may differ, D1)."""
+    from reference.releases import BLOCK_TABLES_HOLD_KERNEL_IDS, holds
+
+    out: dict[str, list[int] | None] = {}
+    fallback = next(iter(derivations.values()))
+    for runner, facts in BLOCK_TABLES_HOLD_KERNEL_IDS.items():
+        if not holds(facts, case.vllm_version):
+            out[runner] = None
+            continue
+        kernels = derivations.get(runner, fallback).kernel_block_sizes
+        out[runner] = [group["block_size"] // kernels[g] if group["kind"] == "attention" and kernels[g] else 1
+                       for g, group in enumerate(groups)]
+    return out
 
 
 def _draft_steps(case: CaseConfig, derivation: Any, groups: list[dict[str, Any]]) -> dict[str, int] | None:
@@ -94,6 +118,11 @@ def _kernel_sizes_by_owner(case: CaseConfig, derivation: Any) -> dict[str, dict[
     builders' size for the drafter's groups; in the runner's own groups (which hold every
     layer of the KV cache config) their KV cache group's kernel block size."""
     drafts = draft_layers(case)
+    if case.generation == 1:
+        # Generation 1's builders read the runner's table as it is: each layer its group's size.
+        sizes = {name: derivation.kernel_block_sizes[gid] for gid, group in enumerate(derivation.groups)
+                 for name in group.layer_names}
+        return {"runner": sizes, "drafter": {}}
     builders = derivation.builder_kernel_block_sizes
     own = {name: size for name, size in builders.items() if name not in drafts}
     for gid, group in enumerate(derivation.groups):

@@ -393,7 +393,11 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
                     "dummy_tokens": [int, ...],          # MRv2 idx_mapping=-1 requests
                     "num_tokens_padded": int}, ...],     # default all tokens
          "draft": {"group": g, "steps": S,               # optional: after every forward,
-                   "max_model_len": L}}                  # S draft steps of the draft group g
+                   "max_model_len": L},                  # S draft steps of the draft group g
+         "kernel_ids": {"mrv1": [R, ...] | None,         # default None: per runner, the kernel ids
+                        "mrv2": [R, ...] | None},        # its tables store per block id, per group
+                                                         # (vLLM < 0.32); None: the scheduler's ids
+         "mrv1_move_clears_source": bool}                # default true; false: vLLM < 0.27 (#49757)
     """
     if not isinstance(scenario, Mapping):
         raise ScenarioError(f"scenario {scenario!r} is not a JSON object")
@@ -408,7 +412,33 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
     sc["groups"] = [_normalize_group(g, i) for i, g in enumerate(sc["groups"])]
     sc["steps"] = [_normalize_step(s, len(sc["groups"])) for s in sc["steps"]]
     sc["draft"] = _normalize_draft(sc.get("draft"), sc["groups"])
+    sc["kernel_ids"] = _normalize_kernel_ids(sc.get("kernel_ids"), len(sc["groups"]))
+    sc.setdefault("mrv1_move_clears_source", True)
+    if not isinstance(sc["mrv1_move_clears_source"], bool):
+        raise ScenarioError(f"mrv1_move_clears_source {sc['mrv1_move_clears_source']!r} is not true or false")
     return sc
+
+
+SCENARIO_RUNNERS = ("mrv1", "mrv2")
+
+
+def _normalize_kernel_ids(value: Any, num_groups: int) -> dict[str, list[int] | None]:
+    """Per runner, None when its block tables store the scheduler's block ids, or per group
+    how many kernel block ids they store for each (``b`` as ``b*R .. b*R+R-1``: vLLM before
+    0.32, whose builders then take the tables as they are)."""
+    if value is None:
+        return {runner: None for runner in SCENARIO_RUNNERS}
+    if not isinstance(value, Mapping) or set(value) - set(SCENARIO_RUNNERS):
+        raise ScenarioError(f"kernel_ids {value!r} is not an object keyed by 'mrv1' / 'mrv2'")
+    out: dict[str, list[int] | None] = {}
+    for runner in SCENARIO_RUNNERS:
+        ratios = value.get(runner)
+        if ratios is not None and (not isinstance(ratios, (list, tuple)) or len(ratios) != num_groups or not all(
+                isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ratios)):
+            raise ScenarioError(f"kernel_ids[{runner!r}] {ratios!r} is not null or one positive integer per group "
+                                f"({num_groups})")
+        out[runner] = None if ratios is None else list(ratios)
+    return out
 
 
 MAX_DRAFT_STEPS = 8

@@ -306,10 +306,66 @@ MRV2_SLIDING_WINDOW_REACH: tuple[Fact[bool], ...] = (
 )
 """Whether MRv2's ``BlockTables`` nulls the block ids below a sliding window."""
 
+MRV1_MOVE_ROW_CLEARS_SOURCE: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/block_table.py BlockTable.move_row in 0.19.1 to 0.26.0 (read off their wheels) copies "
+         "[:num_blocks] to the target and leaves the source row and its count as they were; observed on 0.19.1 and "
+         "0.22.0 (gen1-triton-mla-b64: a row reused by add_row keeps its earlier occupant's ids past its own)"),
+    Fact((0, 27, 0), True,
+         "vLLM #49757 ('[BugFix] Stop dummy runs from writing mamba state through stale block-table rows', in "
+         "0.27.0): move_row zeroes the vacated source row's [:num_blocks] and its count"),
+)
+"""Whether MRv1's ``BlockTable.move_row`` (``InputBatch.condense``) clears the row it moved from."""
+
+MRV2_DCP_SHARDING_PER_GROUP: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FACTS_FROM, False,
+         "vllm/v1/worker/gpu/block_table.py in 0.30.0 (read off its wheel): BlockTables takes no dcp_sharded and "
+         "_compute_slot_mappings_kernel shards every group's positions over the DCP ranks; observed on 0.30.0 "
+         "(mamba-hybrid-dcp2: the Mamba group's MRv2 slots are every other token's, PAD between)"),
+    Fact((0, 31, 0), True,
+         "vllm/v1/worker/gpu/block_table.py in 0.31.0: BlockTables(dcp_sharded=[...]) and the kernel's "
+         "'local_positions = tl.where(sharded, local_positions, positions)': a replicated group (Mamba state) "
+         "maps its slots by the global position"),
+)
+"""Whether MRv2 maps a group that is not DCP-sharded (Mamba state) by the global position;
+before, every group's slots were sharded over the DCP ranks."""
+
+BLOCK_TABLES_HOLD_KERNEL_IDS: Mapping[str, tuple[Fact[bool], ...]] = {
+    "mrv1": (
+        Fact(GEN1_FIRST, True,
+             "vllm/v1/worker/block_table.py (read off the 0.19.1, 0.22.0, 0.25.0, 0.28.0, 0.30.0 and 0.31.0 wheels): "
+             "BlockTable(kernel_block_size) keeps blocks_per_kv_block = block_size // kernel_block_size; append_row "
+             "writes map_to_kernel_blocks(block_ids) (b * R + k), max_num_blocks_per_req and num_blocks_per_row count "
+             "kernel blocks, and the slot-mapping kernel reads block_table[vbi * R + offset // K] * K + offset % K; the "
+             "runner hands that table to the builders as it is (AttentionGroup has no map_to_kernel_block_table)"),
+        Fact((0, 32, 0), False,
+             "vllm/v1/worker/block_table.py in 0.32.0: BlockTable has no kernel_block_size (rows hold the scheduler's "
+             "block ids); AttentionGroup.map_to_kernel_block_table expands them per attention group"),
+    ),
+    "mrv2": (
+        Fact(GEN1_FIRST, False,
+             "vllm/v1/worker/gpu/block_table.py in 0.19.1 to 0.21.0: BlockTables has no kernel block sizes (MRv2 views "
+             "its KV cache in logical blocks then: MRV2_KERNEL_BLOCKS, #42846)"),
+        Fact((0, 22, 0), True,
+             "vllm/v1/worker/gpu/block_table.py (read off the 0.22.0, 0.25.0, 0.30.0 and 0.31.0 wheels): "
+             "BlockTables(kernel_block_sizes) widens each group by blocks_per_kv_block, append_block_ids writes "
+             "b * bpk + k, and _compute_slot_mappings_kernel indexes by local_position // kernel_block_size"),
+        Fact((0, 32, 0), False,
+             "vllm/v1/worker/gpu/block_table.py in 0.32.0: BlockTables takes no kernel_block_sizes; rows hold the "
+             "scheduler's block ids and the slot kernel indexes by kv_block_size"),
+    ),
+}
+"""Per runner, whether its block tables store kernel block ids (each scheduler block id ``b`` as
+``b*R .. b*R+R-1``) rather than the scheduler's ids, which attention groups then expand."""
+
 GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
     "a block-outermost group keeps the manager block size as its kernel block size": PACKED_GROUPS_KEEP_MANAGER_BLOCKS,
     "a layer's spec carries its backend's block stride alignment": STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
     "MRv2 BlockTables nulls block ids below a sliding window": MRV2_SLIDING_WINDOW_REACH,
+    "MRv2 maps a replicated group's slots by the global position under DCP": MRV2_DCP_SHARDING_PER_GROUP,
+    "MRv1's move_row clears the row it vacates": MRV1_MOVE_ROW_CLEARS_SOURCE,
+    "MRv1's block tables hold kernel block ids": BLOCK_TABLES_HOLD_KERNEL_IDS["mrv1"],
+    "MRv2's block tables hold kernel block ids": BLOCK_TABLES_HOLD_KERNEL_IDS["mrv2"],
 }
 """Every generation-2 behaviour that differs between the releases in ``GEN2``, by what it is."""
 
@@ -411,6 +467,7 @@ __all__ = [
     "Judgement",
     "is_unreleased",
     "judgement_for",
+    "BLOCK_TABLES_HOLD_KERNEL_IDS",
     "Fact",
     "GEN1",
     "GEN1_END",
@@ -424,6 +481,8 @@ __all__ = [
     "GEN2_FIRST",
     "Gen1Layout",
     "MOONCAKE_KERNEL_SYNC",
+    "MRV1_MOVE_ROW_CLEARS_SOURCE",
+    "MRV2_DCP_SHARDING_PER_GROUP",
     "MRV2_KERNEL_BLOCKS",
     "MRV2_SLIDING_WINDOW_REACH",
     "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES",

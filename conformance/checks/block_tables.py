@@ -55,7 +55,8 @@ def compare_schedule(
     group, owner, layers and rows). An attention group's expansion is predicted with the
     kernel block size of its layers for its owner (``layer_kernel_block_sizes[owner]``:
     ``runner`` for the runner's own groups, ``drafter`` for the drafter's / speculator's;
-    the scenario group's when None). MRv2 leaves stale ids past ``num_blocks`` in gathered rows (they are never
+    the scenario group's when None; none where the runner's tables hold kernel ids, vLLM
+    before 0.32: ``scenario["kernel_ids"]``). MRv2 leaves stale ids past ``num_blocks`` in gathered rows (they are never
     read), so its real rows are compared on ``[:num_blocks]`` (``[:num_blocks*R]`` once
     expanded); MRv1 rows and every padded row are compared whole. Only whether and at
     which step a runner fails is compared, not its words.
@@ -70,6 +71,9 @@ def compare_schedule(
     if -1 in err_steps:
         return tuple(c.out)
     c.cmp("block_table", f"schedule {name}: widths", list(predicted["widths"]), list(observed["widths"]))
+    if "ids_per_block" in observed:
+        c.cmp("block_table", f"schedule {name}: ids stored per block id", list(predicted["ids_per_block"]),
+              list(observed["ids_per_block"]))
     groups = sc["groups"]
     for k, (ref, got) in enumerate(zip(predicted["steps"], observed["steps"])):
         step = sc["steps"][k]
@@ -104,6 +108,9 @@ def compare_schedule(
                     continue  # the builders of this attention group are compared per layer elsewhere
                 kernel, stride = sizes.pop(), 0
             ratio = 1 if kernel in (None, group["block_size"]) else group["block_size"] // kernel
+            if sc["kernel_ids"][runner] is not None:
+                # Before 0.32 the tables hold kernel ids already and are handed over as they are.
+                ratio = 1
             expanded = map_to_kernel_block_table(ref["tables"][g], ratio, stride if ratio > 1 else 0)
             owner = "" if entry.get("owner", "runner") == "runner" else f"{entry['owner']} "
             label = f"{where} kernel_tables[g={g}, {owner}{entry['layers'][0]}{' +' if len(entry['layers']) > 1 else ''}]"

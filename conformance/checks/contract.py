@@ -363,20 +363,24 @@ def _expand(ids: Sequence[int], ratio: int) -> list[int]:
     return [b * ratio + i for b in ids for i in range(ratio)]
 
 
-def _own_slot(ids: Sequence[int], position: int, block: int, dcp: Sequence[int]) -> int | None:
+def _own_slot(ids: Sequence[int], position: int, block: int, dcp: Sequence[int], ids_per_block: int = 1) -> int | None:
     """The slot of the token at ``position`` by the rows' own ids: ``None`` when the row holds
     no block for it. DCP ``(world, rank, interleave)``: tokens go round the ranks in runs of
     ``interleave`` within a virtual block of ``block * world`` tokens
-    (vllm/v1/worker/block_table.py: BlockTable.compute_slot_mapping)."""
+    (vllm/v1/worker/block_table.py: BlockTable.compute_slot_mapping). A row that stores
+    ``ids_per_block`` ids per block (its kernel blocks, vLLM before 0.32) holds the token's
+    local offset ``o`` in id ``o // (block / ids_per_block)`` of its block's run."""
     world, rank, interleave = (list(dcp) + [1, 0, 1])[:3] if dcp else (1, 0, 1)
     world, interleave = max(1, int(world)), max(1, int(interleave))
     column, offset = divmod(position, block * world)
     if (offset // interleave) % world != rank:
         return PAD_SLOT
+    local = (offset // (world * interleave)) * interleave + offset % interleave
+    unit = block // ids_per_block
+    column = column * ids_per_block + local // unit
     if column >= len(ids):
         return None
-    local = (offset // (world * interleave)) * interleave + offset % interleave
-    return ids[column] * block + local
+    return ids[column] * unit + local % unit
 
 
 def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observation: Any) -> None:
@@ -389,6 +393,9 @@ def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observ
             continue
         before = len(c.out)
         kinds = [g.get("kind", "attention") for g in scenario.get("groups", ())]
+        # What a row stores per block id, as the runner's own tables say (kernel ids before 0.32).
+        per_block = list(got.get("ids_per_block") or ())
+        per_block += [1] * (len(groups) - len(per_block))
         dcp = scenario.get("dcp") or (1, 0, 1)
         world = max(1, int(dcp[0])) if dcp else 1
         for k, (step, seen) in enumerate(zip(scenario["steps"], got["steps"])):
@@ -401,8 +408,11 @@ def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observ
                 kernel = sizes[g] if g < len(sizes) else None
                 if g >= len(groups) or not kernel or groups[g].block_size % kernel:
                     continue
-                ratio = groups[g].block_size // kernel
-                span = groups[g].block_size * world
+                if (groups[g].block_size // kernel) % per_block[g]:
+                    continue
+                # Rows of kernel ids are handed to attention as they are (a ratio of 1).
+                ratio = groups[g].block_size // kernel // per_block[g]
+                span = groups[g].block_size * world // per_block[g]
                 # Attention reads row i for the i-th request of the batch (MRv1: its persistent
                 # rows, in batch order; MRv2: the rows it gathers for the batch).
                 for row, (req, positions) in enumerate(step["batch"]):
@@ -429,7 +439,7 @@ def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observ
                     for p in positions:
                         if ids is None or t >= len(slots):
                             break
-                        want = _own_slot(ids, p, groups[g].block_size, dcp)
+                        want = _own_slot(ids, p, groups[g].block_size, dcp, per_block[g])
                         if want is None:
                             c.cmp("slot_address", f"{where} slot_mappings[g={g}] token {t} (request {req}, position {p})",
                                   "a block of the request's row", "no block in the row")
@@ -437,11 +447,12 @@ def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observ
                             c.cmp("slot_address", f"{where} slot_mappings[g={g}] token {t} (request {req}, position {p})",
                                   want, slots[t])
                         t += 1
-            _check_draft_slots(c, where, scenario, step, seen, groups, dcp)
+            _check_draft_slots(c, where, scenario, step, seen, groups, dcp, per_block)
 
 
 def _check_draft_slots(c: Collector, where: str, scenario: Mapping[str, Any], step: Mapping[str, Any],
-                       seen: Mapping[str, Any], groups: Sequence[Any], dcp: Sequence[int]) -> None:
+                       seen: Mapping[str, Any], groups: Sequence[Any], dcp: Sequence[int],
+                       per_block: Sequence[int] = ()) -> None:
     """A draft step's token ``k`` of a request sits at its last position + ``k``: its slot
     is that token's own (DCP: the rank's own, or PAD on another rank's), where the row
     holds a block for it (the scheduler allocates lookahead blocks before a draft step;
@@ -458,6 +469,7 @@ def _check_draft_slots(c: Collector, where: str, scenario: Mapping[str, Any], st
         if slots is None or not isinstance(g, int) or g >= len(groups):
             continue
         block = groups[g].block_size
+        ids_per_block = per_block[g] if g < len(per_block) else 1
         for i, (req, positions) in enumerate(step["batch"]):
             rows = blocks.get(req) or ()
             if i >= len(slots) or g >= len(rows) or not positions:
@@ -465,11 +477,11 @@ def _check_draft_slots(c: Collector, where: str, scenario: Mapping[str, Any], st
             ids, p = rows[g], positions[-1] + k
             label = f"{where} draft step {k} slot_mapping[g={g}] request {req} (position {p})"
             if p >= limit:
-                if slots[i] != PAD_SLOT and slots[i] // block not in ids:
+                if slots[i] != PAD_SLOT and slots[i] // (block // ids_per_block) not in ids:
                     c.cmp("slot_address", label, f"PAD or a slot of the request's own blocks (past max_model_len {limit})",
                           slots[i])
                 continue
-            want = _own_slot(ids, p, block, dcp)
+            want = _own_slot(ids, p, block, dcp, ids_per_block)
             if want is not None and slots[i] != want:
                 c.cmp("slot_address", label, want, slots[i])
 

@@ -22,6 +22,10 @@ For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
 
 What each runner registered is read off the tensors. ``VLLM_KV_CACHE_LAYOUT`` (NHD/HND)
 comes from the case, as ``get_kv_cache_layout`` reads it (its cache is cleared).
+Request schedules (MRv1): the runner's own ``may_reinitialize_input_batch`` builds its
+``InputBatch`` for the KV cache config and kernel block sizes, and each scenario runs
+through it as ``runner_tables`` runs generation 2's (a fresh batch per scenario).
+
 Nothing here predicts: the reference is ``reference.gen1``.
 """
 
@@ -111,8 +115,55 @@ def _cache_dtype_fields(cache_dtype: str, model_dtype: Any) -> dict[str, Any]:
     return fields
 
 
+_VOCAB_SIZE = 1024
+"""The model config's vocabulary as the input batch sizes its sampling buffers (no model is loaded)."""
+
+
+def _mrv1_input_batch_runner(case: Any, vc: Any, kcc: Any, attn_groups: Any, kernel_block_sizes: Any) -> Any:
+    """A stand-in MRv1 runner whose ``input_batch`` its own ``may_reinitialize_input_batch``
+    built for the KV cache config and kernel block sizes (what ``initialize_kv_cache`` calls
+    it with), carrying what the schedule driver reads (``_get_slot_mappings``: the KV cache
+    config; the attention groups). ``GPUModelRunner.__init__``'s placeholder batch differs
+    from every real one, so the method always builds a new ``InputBatch``."""
+    import torch
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from gpu_impl.vllm_cpu.runners import MAX_NUM_REQS, MAX_NUM_TOKENS
+
+    me = _RunnerStandIn(
+        GPUModelRunner, vllm_config=vc, cache_config=vc.cache_config, parallel_config=vc.parallel_config,
+        model_config=SimpleNamespace(get_vocab_size=lambda: _VOCAB_SIZE), device=torch.device("cpu"),
+        max_num_reqs=MAX_NUM_REQS, max_num_tokens=MAX_NUM_TOKENS, max_model_len=case.max_model_len, max_encoder_len=0,
+        num_spec_tokens=0, is_pooling_model=False, kv_cache_config=kcc, attn_groups=attn_groups, pin_memory=False,
+        # Read by the releases that refuse to rebuild the batch under CPU weight offloading.
+        offload_config=getattr(vc, "offload_config", None),
+        input_batch=SimpleNamespace(logitsprocs=None, logitsprocs_need_output_token_ids=False),
+        _init_block_sizes=[], _init_kernel_block_sizes=[], _init_max_num_blocks=[], _init_slot_mapping_modes=[])
+    _call_with_signature(GPUModelRunner.may_reinitialize_input_batch, me, kv_cache_config=kcc,
+                         kernel_block_sizes=list(kernel_block_sizes))
+    return me
+
+
+def _schedules(case: Any, runner: str, schedules: tuple, build: Callable[[], Any]) -> dict[str, Any]:
+    """``{"schedules": ...}`` each scenario through a freshly built runner's own block tables
+    (``runner_tables.run_schedule``), or ``{"schedules_unsupported": why}``."""
+    from gpu_impl.vllm_cpu import runner_tables
+
+    why = runner_tables.schedule_support()
+    if why is not None:
+        return {"schedules_unsupported": why}
+    observed = []
+    for scenario in schedules:
+        try:
+            instance = build()
+        except (AttributeError, TypeError, _UnknownSignature) as exc:
+            return {"schedules_unsupported": f"{runner.upper()}'s block tables could not be built: {type(exc).__name__}: {exc}"}
+        observed.append(runner_tables.run_schedule(runner, instance, scenario))
+    return {"schedules": tuple(observed)}
+
+
 def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: str = "meta",
-            on_registered: Callable[[RegisteredKV], None] | None = None) -> Observation:
+            on_registered: Callable[[RegisteredKV], None] | None = None, schedules: tuple = ()) -> Observation:
     """What ``runner`` of the installed generation-1 vLLM registers for ``case``.
 
     ``device="cpu"`` allocates real tensors (a connector needs addresses and bytes);
@@ -254,6 +305,15 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
             except AttributeError:
                 pass  # a release whose backends declare no kernel block sizes: not judged
             partial["storage_of"] = spec_facts.storage_numbers({n: views[n] for n in partial["registered"]})
+            if schedules:
+                stage = "schedules"
+                if runner == "mrv1":
+                    partial.update(_schedules(case, runner, schedules, lambda: _mrv1_input_batch_runner(
+                        case, vc, kcc, attn_groups, kernel_block_sizes)))
+                else:
+                    partial["schedules_unsupported"] = (
+                        "generation 1: MRv2's block tables are built by its initialize_kv_cache, which the "
+                        "generation-1 driver does not run (its builders need a loaded model)")
             if on_registered is not None:
                 stage = "connector"
                 on_registered(RegisteredKV(vc, kcc, backends, kernel_block_sizes,

@@ -729,7 +729,7 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()
             return Observation(case.name, runner, unsupported=f"generation-1 cases need a vLLM 0.19 to 0.28: {problem}", shims=applied)
         from gpu_impl.vllm_cpu import gen1
 
-        return gen1.observe(case, runner, applied, device=device, on_registered=on_registered)
+        return gen1.observe(case, runner, applied, device=device, on_registered=on_registered, schedules=tuple(schedules))
     try:
         return _observe(case, runner, admission, applied, tuple(schedules), _Registration(device, on_registered))
     finally:

@@ -82,12 +82,15 @@ def _attention_group_entries(groups_by_gid, owner: str) -> list[tuple[int, str, 
 
 def _kernel_tables(entries: Sequence[tuple[int, str, Any]], tables: Sequence[Any]) -> list[dict[str, Any]]:
     """Each attention group's ``map_to_kernel_block_table`` of its KV cache group's table
-    (``owner``: the runner's own groups, or the drafter's / speculator's)."""
+    (``owner``: the runner's own groups, or the drafter's / speculator's). Releases before
+    0.32 have no such method: their block tables hold kernel ids already and the builders
+    get the table as it is, which is then what is reported."""
     out = []
     for gid, owner, group in entries:
         if gid >= len(tables):
             continue
-        rows = group.map_to_kernel_block_table(tables[gid])
+        expand = getattr(group, "map_to_kernel_block_table", None)
+        rows = tables[gid] if expand is None else expand(tables[gid])
         out.append({"group": gid, "owner": owner, "layers": sorted(group.layer_names), "rows": _tolist(rows)})
     return out
 
@@ -105,6 +108,8 @@ class _MRv1Schedule:
         self.table = self.batch.block_table
         self.num_groups = len(self.table.block_tables)
         self.widths = [int(t.get_numpy_array().shape[1]) for t in self.table.block_tables]
+        # Before 0.32 a BlockTable stores each block id as its kernel block ids (blocks_per_kv_block).
+        self.ids_per_block = [int(getattr(t, "blocks_per_kv_block", 1)) for t in self.table.block_tables]
         groups = list(getattr(instance, "attn_groups", []) or [])
         drafter = getattr(instance, "drafter", None)
         self.drafter = drafter if getattr(drafter, "draft_attn_groups", None) else None
@@ -226,6 +231,8 @@ class _MRv2Schedule:
         tables = instance.block_tables
         self.num_groups = int(tables.num_kv_cache_groups)
         self.widths = [int(t.gpu.shape[1]) for t in tables.block_tables]
+        # 0.22 to 0.31: BlockTables stores each block id as its kernel block ids.
+        self.ids_per_block = [int(r) for r in getattr(tables, "blocks_per_kv_block", [1] * self.num_groups)]
         speculator = getattr(instance, "speculator", None)
         self.speculator = speculator if getattr(speculator, "block_tables", None) is not None else None
         self.entries = _attention_group_entries(getattr(instance, "attn_groups", None), "runner")
@@ -275,6 +282,7 @@ class _MRv2Schedule:
             scheduled_cached_reqs=SimpleNamespace(req_ids=cached_ids, num_computed_tokens=cached_computed,
                                                   new_block_ids=cached_blocks),
             new_block_ids_to_zero=None, kv_cache_block_copies=None, free_encoder_mm_hashes=[],
+            block_table_updates=None,  # SchedulerOutput's default (0.30/0.31 read it: whole-row overwrites)
         )
         runner = self.instance
         # execute_model's order (gpu/model_runner.py).
@@ -416,7 +424,8 @@ def _fits(sc: Mapping[str, Any], num_groups: int, instance) -> str | None:
 
 def run_schedule(runner: str, instance, scenario: Mapping[str, Any]) -> Result:
     """One scenario through ``instance``'s own block tables (state accumulates: run each
-    scenario on a freshly initialised runner). ``widths`` and per step ``locations``,
+    scenario on a freshly initialised runner). ``widths``, ``ids_per_block`` (per group, how
+    many ids a row stores per block id: its kernel blocks before 0.32, else 1) and per step ``locations``,
     ``blocks``, and for a step with a batch ``tables``, ``kernel_tables`` (one entry
     per attention group: its KV cache group, layers and rows) and ``slot_mappings``;
     ``error`` when vLLM raised; ``does_not_fit`` when the runner cannot hold it."""
@@ -429,7 +438,8 @@ def run_schedule(runner: str, instance, scenario: Mapping[str, Any]) -> Result:
     why = _fits(sc, driver.num_groups, instance)
     if why is not None:
         return {"name": sc["name"], "does_not_fit": why}
-    out: Result = {"name": sc["name"], "widths": list(driver.widths), "steps": []}
+    out: Result = {"name": sc["name"], "widths": list(driver.widths), "ids_per_block": list(driver.ids_per_block),
+                   "steps": []}
     for i, step in enumerate(sc["steps"]):
         try:
             driver.apply_step(step)

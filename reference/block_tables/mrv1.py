@@ -18,6 +18,7 @@ from reference.block_tables._common import (
 )
 from reference.block_tables.slots import slot_mapping_mrv1
 from reference.errors import ConfigError
+from reference.kernel_blocks import expand_block_id
 
 
 class MRv1BlockTable:
@@ -26,6 +27,10 @@ class MRv1BlockTable:
     Row ``i`` is batch position ``i``; rows start zeroed with count 0. ``width`` is the
     row length as given (only ``MRv1MultiGroupBlockTable`` aligns it). ``slot_mapping``
     is the persistent per-group buffer the runner slices each step.
+
+    ``blocks_per_kv_block`` R > 1 is vLLM before 0.32 (``BlockTable(kernel_block_size=B/R)``):
+    a row holds kernel block ids, every block id written becomes its R kernel ids
+    (``BlockTable.map_to_kernel_blocks``), ``width`` and the counts are in kernel blocks.
     """
 
     def __init__(
@@ -40,8 +45,12 @@ class MRv1BlockTable:
         dcp_rank: int = 0,
         cp_kv_cache_interleave_size: int = 1,
         group: int = 0,
+        blocks_per_kv_block: int = 1,
+        move_clears_source: bool = True,
     ) -> None:
         self.block_size = _int(block_size, "block size", minimum=1)
+        self.move_clears_source = bool(move_clears_source)
+        self.blocks_per_kv_block = _int(blocks_per_kv_block, "kernel blocks per block", minimum=1)
         self.max_num_reqs = _int(max_num_reqs, "max_num_reqs", minimum=1)
         self.width = _int(width, "block table width", minimum=0)
         self.max_num_batched_tokens = _int(max_num_batched_tokens, "max_num_batched_tokens", minimum=0)
@@ -75,10 +84,17 @@ class MRv1BlockTable:
                 f"table width {self.width} for group {self.group}; expected at most {self.width - n} more"
             )
 
+    def stored_ids(self, block_ids: Sequence[int]) -> list[int]:
+        """The ids a row stores for ``block_ids``: themselves, or their kernel ids (R > 1)."""
+        ids = _block_ids(block_ids, f"block ids of group {self.group}")
+        if self.blocks_per_kv_block == 1:
+            return ids
+        return [k for b in ids for k in expand_block_id(b, self.blocks_per_kv_block)]
+
     # --- row operations (numpy-only in vLLM) ---------------------------------------
     def append_row(self, block_ids: Sequence[int], row_idx: int) -> None:
         """``BlockTable.append_row``: write after the row's current count."""
-        ids = _block_ids(block_ids, f"row {row_idx} of group {self.group}")
+        ids = self.stored_ids(block_ids)
         r = self._row_index(row_idx)
         if not ids:
             return
@@ -91,7 +107,7 @@ class MRv1BlockTable:
         """``BlockTable.add_row``: count = 0, then append. The tail is NOT zeroed."""
         ids = _block_ids(block_ids, f"row {row_idx} of group {self.group}")
         r = self._row_index(row_idx)
-        self._check_fits(0, len(ids), r)
+        self._check_fits(0, len(ids) * self.blocks_per_kv_block, r)
         self._counts[r] = 0
         self.append_row(ids, r)
 
@@ -107,13 +123,16 @@ class MRv1BlockTable:
 
         The target's tail beyond ``n_src`` is untouched. As in vLLM, ``src == tgt`` wipes
         the row (the zeroing runs after the copy); ``InputBatch.condense`` never does that.
+        Without ``move_clears_source`` (vLLM before 0.27, #49757) the source row and its
+        count stay as they were.
         """
         s, t = self._row_index(src, "source row"), self._row_index(tgt, "target row")
         n = self._counts[s]
         self._rows[t][:n] = self._rows[s][:n]
         self._counts[t] = n
-        self._rows[s][:n] = [0] * n
-        self._counts[s] = 0
+        if self.move_clears_source:
+            self._rows[s][:n] = [0] * n
+            self._counts[s] = 0
 
     def swap_row(self, a: int, b: int) -> None:
         """``BlockTable.swap_row``: swap the whole rows and their counts."""
@@ -172,6 +191,7 @@ class MRv1BlockTable:
         result = slot_mapping_mrv1(
             self._rows[:n], self.block_size, query_start_loc, positions, self.max_num_batched_tokens,
             self.dcp_world_size, self.dcp_rank, self.cp_kv_cache_interleave_size, self.slot_mapping_mode,
+            self.blocks_per_kv_block,
         )
         assert result is not None
         self._slot_mapping = result
@@ -192,7 +212,8 @@ class MRv1MultiGroupBlockTable:
     """MRv1 ``MultiGroupBlockTable`` (``vllm/v1/worker/block_table.py``): one table per group.
 
     Widths are ``get_block_table_width(max_num_blocks[g], B_g, 128)`` for token groups and
-    unaligned for ``"none"`` (Mamba) groups. Row operations are forwarded to every group.
+    unaligned for ``"none"`` (Mamba) groups, times ``blocks_per_kv_block[g]`` (vLLM before
+    0.32: rows of kernel block ids). Row operations are forwarded to every group.
     """
 
     def __init__(
@@ -206,6 +227,8 @@ class MRv1MultiGroupBlockTable:
         *,
         dcp_world_size: int = 1,
         dcp_rank: int = 0,
+        blocks_per_kv_block: Sequence[int] | None = None,
+        move_clears_source: bool = True,
     ) -> None:
         if len(block_sizes) != len(max_num_blocks):
             raise ConfigError(
@@ -213,13 +236,16 @@ class MRv1MultiGroupBlockTable:
             )
         modes = [_mode(m) for m in _per_group(slot_mapping_modes, len(block_sizes), "slot_mapping_modes",
                                               SlotMappingMode.TOKEN_TO_KV_SLOT)]
+        ratios = [_int(r, "kernel blocks per block", minimum=1)
+                  for r in _per_group(blocks_per_kv_block, len(block_sizes), "blocks_per_kv_block", 1)]
         tables = []
-        for g, (b, m, mode) in enumerate(zip(block_sizes, max_num_blocks, modes)):
+        for g, (b, m, mode, ratio) in enumerate(zip(block_sizes, max_num_blocks, modes, ratios)):
             align = DEFAULT_TOKEN_ALIGNMENT if mode is SlotMappingMode.TOKEN_TO_KV_SLOT else None
             tables.append(MRv1BlockTable(
-                b, max_num_reqs, get_block_table_width(m, b, align), max_num_batched_tokens,
+                b, max_num_reqs, get_block_table_width(m, b, align) * ratio, max_num_batched_tokens,
                 slot_mapping_mode=mode, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,
-                cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, group=g,
+                cp_kv_cache_interleave_size=cp_kv_cache_interleave_size, group=g, blocks_per_kv_block=ratio,
+                move_clears_source=move_clears_source,
             ))
         self.tables: tuple[MRv1BlockTable, ...] = tuple(tables)
         self.max_num_reqs = _int(max_num_reqs, "max_num_reqs", minimum=1)
@@ -257,7 +283,7 @@ class MRv1MultiGroupBlockTable:
         """``MultiGroupBlockTable.append_row``: ``block_ids[g]`` goes to group ``g``."""
         ids = self._split(block_ids, row_idx)
         for t, g_ids in zip(self.tables, ids):  # check all groups first: no half-applied step
-            t._check_fits(t.num_blocks(row_idx), len(g_ids), row_idx)
+            t._check_fits(t.num_blocks(row_idx), len(g_ids) * t.blocks_per_kv_block, row_idx)
         for t, g_ids in zip(self.tables, ids):
             t.append_row(g_ids, row_idx)
 
@@ -265,7 +291,7 @@ class MRv1MultiGroupBlockTable:
         """``MultiGroupBlockTable.add_row``."""
         ids = self._split(block_ids, row_idx)
         for t, g_ids in zip(self.tables, ids):
-            t._check_fits(0, len(g_ids), row_idx)
+            t._check_fits(0, len(g_ids) * t.blocks_per_kv_block, row_idx)
         for t, g_ids in zip(self.tables, ids):
             t.add_row(g_ids, row_idx)
 

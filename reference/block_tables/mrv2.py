@@ -7,6 +7,7 @@ from typing import Mapping, Sequence
 from reference.block_tables._common import NULL_BLOCK_ID, PAD_SLOT_ID, _block_ids, _dcp, _int, _per_group
 from reference.block_tables.slots import slot_mappings_mrv2
 from reference.errors import ConfigError
+from reference.kernel_blocks import expand_block_id
 
 
 class MRv2BlockTables:
@@ -16,6 +17,10 @@ class MRv2BlockTables:
     ``get_block_table_width``). Rows are persistent per **request-state slot**; batch order
     only exists in the gathered ``input_block_tables``. Staged writes are applied at once:
     the runner always calls ``apply_staged_writes`` before reading the tables.
+
+    ``blocks_per_kv_block[g]`` R > 1 is vLLM 0.22 to 0.31 (``BlockTables(kernel_block_sizes)``):
+    ``widths[g]`` and ``num_blocks`` are in kernel blocks, every block id written becomes its R
+    kernel ids, and slots are read in kernel blocks (``slot_mappings_mrv2(kernel_block_sizes)``).
     """
 
     def __init__(
@@ -30,12 +35,20 @@ class MRv2BlockTables:
         slot_mapping_enabled: Sequence[bool] | None = None,
         dcp_sharded: Sequence[bool] | None = None,
         sliding_window_reach: Sequence[int] | None = None,
+        blocks_per_kv_block: Sequence[int] | None = None,
     ) -> None:
         G = len(block_sizes)
         if len(widths) != G:
             raise ConfigError(f"{len(widths)} widths for {G} block sizes; expected one per group")
         self.block_sizes = [_int(b, "block size", minimum=1) for b in block_sizes]
         self.widths = [_int(w, "block table width", minimum=0) for w in widths]
+        self.blocks_per_kv_block = [_int(r, "kernel blocks per block", minimum=1)
+                                    for r in _per_group(blocks_per_kv_block, G, "blocks_per_kv_block", 1)]
+        for b, r in zip(self.block_sizes, self.blocks_per_kv_block):
+            if b % r:
+                raise ConfigError(f"{r} kernel blocks per block do not divide block size {b}; expected a divisor of {b}")
+        self.stored_block_sizes = [b // r for b, r in zip(self.block_sizes, self.blocks_per_kv_block)]
+        """The token span of one stored id: the block size, or the kernel block size (R > 1)."""
         self.max_num_reqs = _int(max_num_reqs, "max_num_reqs", minimum=1)
         self.max_num_batched_tokens = _int(max_num_batched_tokens, "max_num_batched_tokens", minimum=0)
         self.cp_size = _int(cp_size, "DCP world size", minimum=1)
@@ -75,6 +88,9 @@ class MRv2BlockTables:
                 f"block ids for {len(new_block_ids)} groups at request slot {req}; expected {self.num_groups} groups"
             )
         ids = [_block_ids(x, f"request slot {req} of group {g}") for g, x in enumerate(new_block_ids)]
+        # 0.22-0.31: append_block_ids expands each id to its kernel ids (b * R + k).
+        ids = [[k for b in g_ids for k in expand_block_id(b, r)] if r > 1 else g_ids
+               for g_ids, r in zip(ids, self.blocks_per_kv_block)]
         starts = [0 if overwrite else self._num_blocks[g][req] for g in range(self.num_groups)]
         for g, (start, g_ids) in enumerate(zip(starts, ids)):
             end = start + len(g_ids)
@@ -132,7 +148,7 @@ class MRv2BlockTables:
         null_on = num_computed_tokens is not None and self.cp_size == 1 and any(reach)
         num_rows = max(padded, self._num_dirty_rows)
         for g, out in enumerate(self._input):
-            B, table = self.block_sizes[g], self._tables[g]
+            B, table = self.stored_block_sizes[g], self._tables[g]
             for i, req in enumerate(idx):
                 n = self._num_blocks[g][req]
                 num_null = 0
@@ -160,7 +176,7 @@ class MRv2BlockTables:
             self._tables, self.block_sizes, idx_mapping, query_start_loc, positions, num_tokens_padded,
             self.max_num_batched_tokens, cp_size=self.cp_size, cp_rank=self.cp_rank,
             cp_interleave=self.cp_interleave, slot_mapping_enabled=self.slot_mapping_enabled,
-            dcp_sharded=self.dcp_sharded,
+            dcp_sharded=self.dcp_sharded, kernel_block_sizes=self.stored_block_sizes,
         )
 
     def dummy_slot_mappings(self, num_tokens: int) -> list[list[int]]:

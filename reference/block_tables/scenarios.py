@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from reference.releases import MRV2_SLIDING_WINDOW_REACH, holds
+from reference.releases import MRV2_DCP_SHARDING_PER_GROUP, MRV2_SLIDING_WINDOW_REACH, holds
 from reference.block_tables._common import PAD_SLOT_ID as PAD_SLOT, get_block_table_width
 from reference.block_tables.drafts import DraftStep, draft_step_mrv1, draft_step_mrv2
 from reference.block_tables.kernel import map_to_kernel_block_table
@@ -65,6 +65,13 @@ def kernel_ratio(group: Mapping[str, Any]) -> tuple[int, int]:
     return group["block_size"] // k, group["kernel_block_stride"]
 
 
+def stored_ratios(sc: Mapping[str, Any], runner: str) -> list[int]:
+    """Per group, how many ids ``runner``'s tables store per block id: its kernel blocks per
+    block where its tables hold kernel ids (``sc["kernel_ids"][runner]``), else 1."""
+    ratios = sc["kernel_ids"][runner]
+    return [1] * len(sc["groups"]) if ratios is None else list(ratios)
+
+
 def blocks_of(result: ScheduleResult) -> dict[str, list[list[int]]]:
     return {req: [list(g) for g in ids] for req, ids in result.blocks.items()}
 
@@ -75,10 +82,12 @@ class _MRv1Model:
     def __init__(self, sc: Mapping[str, Any]) -> None:
         groups, (W, r, I) = sc["groups"], sc["dcp"]
         self.groups = groups
+        self.kernel_ids = sc["kernel_ids"]["mrv1"] is not None
         self.tables = MRv1MultiGroupBlockTable(
             sc["max_num_reqs"], sc["max_num_batched_tokens"], [g["block_size"] for g in groups],
             [g["max_num_blocks"] for g in groups], I, [g["mrv1_slot_mapping"] for g in groups],
-            dcp_world_size=W, dcp_rank=r,
+            dcp_world_size=W, dcp_rank=r, blocks_per_kv_block=stored_ratios(sc, "mrv1"),
+            move_clears_source=sc["mrv1_move_clears_source"],
         )
         self.state = MRv1ScheduleState(self.tables)
         self.widths = self.tables.widths
@@ -95,7 +104,8 @@ class _MRv1Model:
             self.tables.compute_slot_mapping(n, qsl, positions)
             rows = self.tables.batch_rows(n, step["num_reqs_padded"])
             obs["tables"] = rows
-            obs["kernel_tables"] = [map_to_kernel_block_table(rows[g], *kernel_ratio(grp))
+            # Tables of kernel ids are handed to the builders as they are (no expansion).
+            obs["kernel_tables"] = [rows[g] if self.kernel_ids else map_to_kernel_block_table(rows[g], *kernel_ratio(grp))
                                     for g, grp in enumerate(self.groups)]
             obs["slot_mappings"] = self.tables.get_slot_mappings(len(positions), step["num_tokens_padded"])
             if self.draft is not None:
@@ -110,7 +120,9 @@ class _MRv1Model:
         with its logical block size. DCP plays no part in it: the drafter's kernel takes
         no DCP size or rank (the contract's ``slot_address`` says what that breaks)."""
         d = self.draft
-        B, width = self.groups[d["group"]]["block_size"], self.widths[d["group"]]
+        table = self.tables[d["group"]]
+        # The drafter reads its group's table in the unit of its ids (kernel blocks before 0.32).
+        B, width = table.block_size // table.blocks_per_kv_block, self.widths[d["group"]]
         out = []
         for moved in _draft_moves(step, d, draft_step_mrv1):
             slots = [PAD_SLOT if m.pad_slot else rows[i][min(m.position // B, width - 1)] * B + m.position % B
@@ -125,12 +137,14 @@ class _MRv2Model:
     def __init__(self, sc: Mapping[str, Any]) -> None:
         groups, (W, r, I) = sc["groups"], sc["dcp"]
         self.groups = groups
-        self.widths = [get_block_table_width(g["max_num_blocks"], g["block_size"], g["token_alignment"])
-                       for g in groups]
+        self.kernel_ids = sc["kernel_ids"]["mrv2"] is not None
+        ratios = stored_ratios(sc, "mrv2")
+        self.widths = [get_block_table_width(g["max_num_blocks"], g["block_size"], g["token_alignment"]) * ratio
+                       for g, ratio in zip(groups, ratios)]
         self.tables = MRv2BlockTables(
             [g["block_size"] for g in groups], sc["max_num_reqs"], sc["max_num_batched_tokens"], self.widths,
             W, r, I, [g["mrv2_slot_mapping"] for g in groups], [g["dcp_sharded"] for g in groups],
-            [g["sliding_window_reach"] for g in groups],
+            [g["sliding_window_reach"] for g in groups], blocks_per_kv_block=ratios,
         )
         self.state = MRv2ScheduleState(self.tables)
         self.draft = sc["draft"]
@@ -146,7 +160,7 @@ class _MRv2Model:
             gathered = self.tables.gather(idx, step["num_reqs_padded"], num_computed_tokens=computed)
             _, _, qsl_all, positions_all = step_token_layout(step)
             obs["tables"] = [list(t) for t in gathered]
-            obs["kernel_tables"] = [map_to_kernel_block_table(gathered[g], *kernel_ratio(grp))
+            obs["kernel_tables"] = [list(gathered[g]) if self.kernel_ids else map_to_kernel_block_table(gathered[g], *kernel_ratio(grp))
                                     for g, grp in enumerate(self.groups)]
             obs["slot_mappings"] = self.tables.compute_slot_mappings(
                 idx + [-1] * len(step["dummy_tokens"]), qsl_all, positions_all, step["num_tokens_padded"])
@@ -190,12 +204,14 @@ def predict_runner(scenario: Mapping[str, Any], runner: str) -> dict[str, Any]:
     except ConfigError as exc:
         return {"widths": [], "steps": [], "error": {"step": -1, "message": f"ConfigError: {exc}"}}
     steps: list[dict[str, Any]] = []
+    ids_per_block = stored_ratios(sc, runner)
     for k, step in enumerate(sc["steps"]):
         try:
             steps.append(model.step(step))
         except ConfigError as exc:
-            return {"widths": model.widths, "steps": steps, "error": {"step": k, "message": f"ConfigError: {exc}"}}
-    return {"widths": model.widths, "steps": steps}
+            return {"widths": model.widths, "ids_per_block": ids_per_block, "steps": steps,
+                    "error": {"step": k, "message": f"ConfigError: {exc}"}}
+    return {"widths": model.widths, "ids_per_block": ids_per_block, "steps": steps}
 
 
 def predict(scenario: Mapping[str, Any]) -> dict[str, Any]:
@@ -236,7 +252,9 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
         if isinstance(spec, MambaSpec):
             # One state block per request, or per block of tokens in "align" mode (a row as wide
             # as the attention rows: MambaSpec.max_num_blocks_per_req).
-            out.append({"kind": "mamba", "block_size": B, "max_num_blocks": spec.max_num_blocks_per_req(case.max_model_len)})
+            out.append({"kind": "mamba", "block_size": B, "max_num_blocks": spec.max_num_blocks_per_req(case.max_model_len),
+                        # Replicated state, but MRv2 shards every group's slots before 0.31.
+                        "dcp_sharded": not holds(MRV2_DCP_SHARDING_PER_GROUP, case.vllm_version)})
             continue
         if spec.kind is SpecKind.CIRCULAR_BUFFER:
             # CircularBufferSpec: one ring block per request, replicated across DCP ranks, no

@@ -26,6 +26,7 @@ def slot_mapping_mrv1(
     dcp_rank: int = 0,
     interleave: int = 1,
     mode: SlotMappingMode | str = SlotMappingMode.TOKEN_TO_KV_SLOT,
+    blocks_per_kv_block: int = 1,
 ) -> list[int] | None:
     """MRv1 slot mapping of one group (``BlockTable.compute_slot_mapping`` + its Triton kernel).
 
@@ -33,12 +34,21 @@ def slot_mapping_mrv1(
     ``max_num_batched_tokens`` buffer: real tokens get ``bt[req, vbi]*B + loff`` (or PAD on a
     non-local DCP rank) and ``[num_tokens, max_num_batched_tokens)`` is PAD.
 
+    ``blocks_per_kv_block`` R > 1: the rows hold kernel block ids (vLLM before 0.32,
+    ``BlockTable(kernel_block_size=B/R)``), and the kernel reads
+    ``bt[req, vbi*R + loff//K]*K + loff%K`` with ``K = B/R``: the same slot wherever the
+    row holds an expanded block id.
+
     ``mode="none"`` (Mamba groups) returns ``None``: vLLM returns before launching the
     kernel, so the buffer keeps whatever it held (see ``MRv1BlockTable.compute_slot_mapping``).
     """
     if _mode(mode) is SlotMappingMode.NONE:
         return None
     B = _int(block_size, "block size", minimum=1)
+    R = _int(blocks_per_kv_block, "kernel blocks per block", minimum=1)
+    if B % R:
+        raise ConfigError(f"{R} kernel blocks per block do not divide block size {B}; expected a divisor of {B}")
+    K = B // R
     W, r, I = _dcp(dcp_world_size, dcp_rank, interleave, B)
     qsl = _query_start_loc(query_start_loc)
     pos = [_int(p, "position", minimum=0) for p in positions]
@@ -62,13 +72,14 @@ def slot_mapping_mrv1(
             vbi, vbo = divmod(pos[t], vbs)
             if (vbo // I) % W != r:
                 continue  # another DCP rank stores this token
-            if vbi >= len(row):
-                raise ConfigError(
-                    f"position {pos[t]} of request {req} needs block column {vbi} but the row has "
-                    f"{len(row)} columns; expected position < {len(row) * vbs}"
-                )
             loff = (vbo // (W * I)) * I + vbo % I
-            out[t] = _int(row[vbi], "block id", minimum=0) * B + loff
+            column = vbi * R + loff // K
+            if column >= len(row):
+                raise ConfigError(
+                    f"position {pos[t]} of request {req} needs block column {column} but the row has "
+                    f"{len(row)} columns; expected position < {len(row) * vbs // R}"
+                )
+            out[t] = _int(row[column], "block id", minimum=0) * K + loff % K
     return out
 
 
@@ -86,6 +97,7 @@ def slot_mappings_mrv2(
     cp_interleave: int = 1,
     slot_mapping_enabled: Sequence[bool] | None = None,
     dcp_sharded: Sequence[bool] | None = None,
+    kernel_block_sizes: Sequence[int] | None = None,
 ) -> list[list[int]]:
     """MRv2 slot mappings, one list per group (``BlockTables.compute_slot_mappings``).
 
@@ -94,10 +106,14 @@ def slot_mappings_mrv2(
     (its tokens are PAD). Groups with ``slot_mapping_enabled`` False (circular-buffer,
     HiSparse) are all PAD (D4); groups with ``dcp_sharded`` False use the global position
     even under DCP. PAD starts at ``query_start_loc[num_reqs]``, the actual token count.
-    Returns ``[g][:num_tokens_padded]``.
+    ``kernel_block_sizes[g]`` K (vLLM before 0.32): the rows hold kernel block ids and a
+    DCP-local position ``lp`` is read as ``row[lp // K]*K + lp % K`` (the same slot as
+    ``row[lp // B]*B + lp % B`` over logical ids). Returns ``[g][:num_tokens_padded]``.
     """
     G = len(block_sizes)
     sizes = [_int(b, "block size", minimum=1) for b in block_sizes]
+    kernels = [_int(k, "kernel block size", minimum=1) for k in _per_group(kernel_block_sizes, G, "kernel_block_sizes", None)
+               ] if kernel_block_sizes is not None else list(sizes)
     if len(block_tables) != G:
         raise ConfigError(f"{len(block_tables)} block tables for {G} block sizes; expected one per group")
     enabled = [bool(e) for e in _per_group(slot_mapping_enabled, G, "slot_mapping_enabled", True)]
@@ -140,12 +156,13 @@ def slot_mappings_mrv2(
                     if (vbo // I) % W != r:
                         continue
                     lp = vbi * B + (vbo // (I * W)) * I + vbo % I
-                bi = lp // B
+                K = kernels[g]
+                bi = lp // K
                 if bi >= len(row):
                     raise ConfigError(
                         f"position {p} of request slot {req} needs block column {bi} of group {g} but the "
                         f"row has {len(row)} columns; expected a position inside the row"
                     )
-                buf[t] = _int(row[bi], "block id", minimum=0) * B + lp % B
+                buf[t] = _int(row[bi], "block id", minimum=0) * K + lp % K
         out.append(buf[:padded])
     return out
