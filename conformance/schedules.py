@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference.config import CaseConfig
-from reference.releases import MRV1_MOVE_ROW_CLEARS_SOURCE, holds
+from reference.releases import (BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED, MRV1_MOVE_ROW_CLEARS_SOURCE,
+                                MRV2_FREES_SLOTS_IN_ID_ORDER, holds)
 
 from conformance.divergence import draft_layers
 from conformance.prediction import reference_prediction
@@ -73,6 +74,10 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
         scenarios = [dict(sc, kernel_ids=kernel_ids) for sc in scenarios]
     if not holds(MRV1_MOVE_ROW_CLEARS_SOURCE, case.vllm_version):
         scenarios = [dict(sc, mrv1_move_clears_source=False) for sc in scenarios]
+    if not holds(MRV2_FREES_SLOTS_IN_ID_ORDER, case.vllm_version):
+        scenarios = [dict(sc, mrv2_frees_in_id_order=False) for sc in scenarios]
+    if not holds(BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED, case.vllm_version):
+        scenarios = [dict(sc, widths_token_aligned=False) for sc in scenarios]
     kernels = {runner: _kernel_sizes_by_owner(case, d) for runner, d in derivations.items()}
     if case.generation == 1:
         scenarios = [dict(sc, draft=None) for sc in scenarios]  # the generation-1 driver runs no drafter

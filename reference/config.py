@@ -397,7 +397,11 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
          "kernel_ids": {"mrv1": [R, ...] | None,         # default None: per runner, the kernel ids
                         "mrv2": [R, ...] | None},        # its tables store per block id, per group
                                                          # (vLLM < 0.32); None: the scheduler's ids
-         "mrv1_move_clears_source": bool}                # default true; false: vLLM < 0.27 (#49757)
+         "mrv1_move_clears_source": bool,                # default true; false: vLLM < 0.27 (#49757)
+         "mrv2_frees_in_id_order": bool,                 # default true; false: vLLM < 0.29 (set order:
+                                                         # which slot a request takes is not compared)
+         "widths_token_aligned": bool}                   # default true; false: vLLM < 0.27 (no
+                                                         # get_block_table_width: rows unaligned)
     """
     if not isinstance(scenario, Mapping):
         raise ScenarioError(f"scenario {scenario!r} is not a JSON object")
@@ -413,9 +417,10 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
     sc["steps"] = [_normalize_step(s, len(sc["groups"])) for s in sc["steps"]]
     sc["draft"] = _normalize_draft(sc.get("draft"), sc["groups"])
     sc["kernel_ids"] = _normalize_kernel_ids(sc.get("kernel_ids"), len(sc["groups"]))
-    sc.setdefault("mrv1_move_clears_source", True)
-    if not isinstance(sc["mrv1_move_clears_source"], bool):
-        raise ScenarioError(f"mrv1_move_clears_source {sc['mrv1_move_clears_source']!r} is not true or false")
+    for flag in ("mrv1_move_clears_source", "mrv2_frees_in_id_order", "widths_token_aligned"):
+        sc.setdefault(flag, True)
+        if not isinstance(sc[flag], bool):
+            raise ScenarioError(f"{flag} {sc[flag]!r} is not true or false")
     return sc
 
 

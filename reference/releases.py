@@ -317,6 +317,30 @@ MRV1_MOVE_ROW_CLEARS_SOURCE: tuple[Fact[bool], ...] = (
 )
 """Whether MRv1's ``BlockTable.move_row`` (``InputBatch.condense``) clears the row it moved from."""
 
+MRV2_FREES_SLOTS_IN_ID_ORDER: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/gpu/model_runner.py finish_requests in 0.19.1 to 0.28.0 (read off their wheels): "
+         "'for req_id in finished_req_ids' over finished | preempted, a set of strings, so the order the request "
+         "slots return to RequestState.free_indices (a stack) follows the process's string hashes "
+         "(PYTHONHASHSEED); observed on 0.19.1 and 0.22.0 (a later request takes the other freed slot)"),
+    Fact((0, 29, 0), True,
+         "vllm/v1/worker/gpu/model_runner.py in 0.29.0: 'for req_id in sorted(finished_req_ids)' ('Sorted so every "
+         "TP rank frees request slots in the same order')"),
+)
+"""Whether MRv2 frees a step's finished requests' slots in request-id order (before: in set order,
+so which free slot a later request takes is not determined by the schedule)."""
+
+BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/block_table.py and gpu/block_table.py in 0.19.1 to 0.26.0 (read off their wheels): no "
+         "get_block_table_width; a row is max_num_blocks_per_req (MRv1) or cdiv(max_model_len, block_size * dcp) "
+         "(MRv2) wide; observed on 0.21.0 (a 44-block row where 0.27 aligns to 128 tokens)"),
+    Fact((0, 27, 0), True,
+         "vllm/v1/worker/block_table.py in 0.27.0: get_block_table_width(max_num_blocks, block_size, "
+         "token_alignment=128) for both runners' token groups"),
+)
+"""Whether the block-table rows of token groups are widened to span a multiple of 128 tokens."""
+
 MRV2_DCP_SHARDING_PER_GROUP: tuple[Fact[bool], ...] = (
     Fact(GEN2_FACTS_FROM, False,
          "vllm/v1/worker/gpu/block_table.py in 0.30.0 (read off its wheel): BlockTables takes no dcp_sharded and "
@@ -364,6 +388,8 @@ GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
     "MRv2 BlockTables nulls block ids below a sliding window": MRV2_SLIDING_WINDOW_REACH,
     "MRv2 maps a replicated group's slots by the global position under DCP": MRV2_DCP_SHARDING_PER_GROUP,
     "MRv1's move_row clears the row it vacates": MRV1_MOVE_ROW_CLEARS_SOURCE,
+    "block-table rows span a multiple of 128 tokens": BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED,
+    "MRv2 frees a step's request slots in request-id order": MRV2_FREES_SLOTS_IN_ID_ORDER,
     "MRv1's block tables hold kernel block ids": BLOCK_TABLES_HOLD_KERNEL_IDS["mrv1"],
     "MRv2's block tables hold kernel block ids": BLOCK_TABLES_HOLD_KERNEL_IDS["mrv2"],
 }
@@ -467,6 +493,7 @@ __all__ = [
     "Judgement",
     "is_unreleased",
     "judgement_for",
+    "BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED",
     "BLOCK_TABLES_HOLD_KERNEL_IDS",
     "Fact",
     "GEN1",
@@ -483,6 +510,7 @@ __all__ = [
     "MOONCAKE_KERNEL_SYNC",
     "MRV1_MOVE_ROW_CLEARS_SOURCE",
     "MRV2_DCP_SHARDING_PER_GROUP",
+    "MRV2_FREES_SLOTS_IN_ID_ORDER",
     "MRV2_KERNEL_BLOCKS",
     "MRV2_SLIDING_WINDOW_REACH",
     "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES",

@@ -78,8 +78,13 @@ def compare_schedule(
     for k, (ref, got) in enumerate(zip(predicted["steps"], observed["steps"])):
         step = sc["steps"][k]
         where = f"schedule {name} step {k}"
-        for field_name in ("locations", "blocks"):
-            c.cmp("block_table", f"{where} {field_name}", ref[field_name], got.get(field_name))
+        if runner == "mrv2" and not sc["mrv2_frees_in_id_order"]:
+            # Before 0.29 MRv2 frees a step's slots in set order (the process's string hashes):
+            # which slot each request holds is not the schedule's to say, only who is live.
+            c.cmp("block_table", f"{where} live requests", sorted(ref["locations"]), sorted(got.get("locations") or ()))
+        else:
+            c.cmp("block_table", f"{where} locations", ref["locations"], got.get("locations"))
+        c.cmp("block_table", f"{where} blocks", ref["blocks"], got.get("blocks"))
         if not step["batch"]:
             continue
         n = len(step["batch"])

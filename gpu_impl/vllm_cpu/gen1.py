@@ -22,19 +22,21 @@ For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
 
 What each runner registered is read off the tensors. ``VLLM_KV_CACHE_LAYOUT`` (NHD/HND)
 comes from the case, as ``get_kv_cache_layout`` reads it (its cache is cleared).
-Request schedules (MRv1): the runner's own ``may_reinitialize_input_batch`` builds its
-``InputBatch`` for the KV cache config and kernel block sizes, and each scenario runs
-through it as ``runner_tables`` runs generation 2's (a fresh batch per scenario).
+Request schedules: MRv1's own ``may_reinitialize_input_batch`` builds its ``InputBatch``
+for the KV cache config and kernel block sizes; MRv2 runs its own ``initialize_kv_cache``
+on a runner built as generation 2's are (``_mrv2_runners``). Each scenario runs through
+them as ``runner_tables`` runs generation 2's (a fresh runner per scenario).
 
 Nothing here predicts: the reference is ``reference.gen1``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
 from gpu_impl.vllm_cpu.registration import RegisteredKV
@@ -144,6 +146,47 @@ def _mrv1_input_batch_runner(case: Any, vc: Any, kcc: Any, attn_groups: Any, ker
     return me
 
 
+@contextlib.contextmanager
+def _mrv2_runners(case: Any, vc: Any, groups: Any, memory: int) -> Iterator[Callable[[], Any]]:
+    """Builds of MRv2 runners whose own ``initialize_kv_cache`` has run, as generation 2's
+    are built (``runners.runner_instance`` over the case's layers from their own
+    constructors, ``VLLM_USE_V2_MODEL_RUNNER=1`` as a deployment of MRv2 sets it). The KV
+    cache config is vLLM's own planning of the case's groups with four blocks
+    (``num_gpu_blocks_override``): the runner allocates its pool in host memory, and a
+    block table does not depend on the pool's size."""
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
+
+    from gpu_impl.vllm_cpu import planning, runners, shims
+
+    saved_override, saved_env = vc.cache_config.num_gpu_blocks_override, os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    vc.cache_config.num_gpu_blocks_override = _SCHEDULE_POOL_BLOCKS
+    try:
+        kcc = get_kv_cache_config_from_groups(vc, groups, memory)
+    finally:
+        vc.cache_config.num_gpu_blocks_override = saved_override
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    try:
+        with planning.vllm_config_for(case) as runner_config:
+            runners.build_layers(case, "mrv2", runner_config)
+
+            def build() -> Any:
+                instance = runners.runner_instance(case, "mrv2", runner_config, "cpu")
+                with runners.recording_transfer_group(), runners.initialisation_environment(case), \
+                        shims.cuda_alike_worker_utils():
+                    instance.initialize_kv_cache(kcc)
+                return instance
+
+            yield build
+    finally:
+        os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        if saved_env is not None:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved_env
+
+
+_SCHEDULE_POOL_BLOCKS = 4
+"""Blocks in the pool of a runner built for request schedules (its tables do not depend on it)."""
+
+
 def _schedules(case: Any, runner: str, schedules: tuple, build: Callable[[], Any]) -> dict[str, Any]:
     """``{"schedules": ...}`` each scenario through a freshly built runner's own block tables
     (``runner_tables.run_schedule``), or ``{"schedules_unsupported": why}``."""
@@ -156,8 +199,13 @@ def _schedules(case: Any, runner: str, schedules: tuple, build: Callable[[], Any
     for scenario in schedules:
         try:
             instance = build()
-        except (AttributeError, TypeError, _UnknownSignature) as exc:
+        except (AttributeError, TypeError, ImportError, _UnknownSignature) as exc:
             return {"schedules_unsupported": f"{runner.upper()}'s block tables could not be built: {type(exc).__name__}: {exc}"}
+        except VLLM_ERRORS + (RuntimeError, KeyError) as exc:
+            # The runner did start for the layout above (its reshape); what its own
+            # initialize_kv_cache refuses here (builders over the real layers) is said, not judged.
+            return {"schedules_unsupported": f"{runner.upper()}'s initialize_kv_cache refused the case's layers: "
+                                             f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
         observed.append(runner_tables.run_schedule(runner, instance, scenario))
     return {"schedules": tuple(observed)}
 
@@ -311,9 +359,15 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                     partial.update(_schedules(case, runner, schedules, lambda: _mrv1_input_batch_runner(
                         case, vc, kcc, attn_groups, kernel_block_sizes)))
                 else:
-                    partial["schedules_unsupported"] = (
-                        "generation 1: MRv2's block tables are built by its initialize_kv_cache, which the "
-                        "generation-1 driver does not run (its builders need a loaded model)")
+                    try:
+                        with _mrv2_runners(case, vc, groups, memory) as build:
+                            partial.update(_schedules(case, runner, schedules, build))
+                    except (AttributeError, TypeError, ImportError, RuntimeError, KeyError, AssertionError,
+                            ValueError, NotImplementedError) as exc:
+                        # Building the case's real layers for MRv2 (its own constructors) failed here.
+                        partial["schedules_unsupported"] = (
+                            f"MRv2's runner could not be built for the schedules: {type(exc).__name__}: {exc}"
+                            .splitlines()[0][:300])
             if on_registered is not None:
                 stage = "connector"
                 on_registered(RegisteredKV(vc, kcc, backends, kernel_block_sizes,

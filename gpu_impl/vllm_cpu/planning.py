@@ -75,11 +75,14 @@ def _vllm_config():
     if _VLLM_CONFIG is None:
         shims.apply()
         from vllm.config import CacheConfig, DeviceConfig, VllmConfig
-        from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+        from vllm.v1.core import single_type_kv_cache_manager
 
         vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=16))
-        # The engine core registers the built-in spec types before grouping.
-        register_all_kvcache_specs(vc)
+        # The engine core registers the built-in spec types before grouping (releases
+        # before the spec registry, generation 1, have nothing to register).
+        register = getattr(single_type_kv_cache_manager, "register_all_kvcache_specs", None)
+        if register is not None:
+            register(vc)
         _VLLM_CONFIG = vc
     return _VLLM_CONFIG
 
@@ -133,7 +136,16 @@ class _ModelConfigStandIn:
         self.is_hybrid = any(l.kind == "mamba" for l in case.layers)
         self.is_attention_free = False
         self.hf_text_config = SimpleNamespace()
+        if self.use_mla and first is not None:
+            # The MLA geometry the layers are built with (runners._build_layer), which the MLA
+            # builders of releases to 0.28 read off the model's text config.
+            from gpu_impl.vllm_cpu.runners import MLA_NOPE_DIM, MLA_ROPE_DIM
+
+            self.hf_text_config = SimpleNamespace(kv_lora_rank=first.head_size - MLA_ROPE_DIM,
+                                                  qk_rope_head_dim=MLA_ROPE_DIM, qk_nope_head_dim=MLA_NOPE_DIM,
+                                                  v_head_dim=MLA_NOPE_DIM)
         self.hf_config = SimpleNamespace(model_type="kvconform-case")
+        self.architectures: list[str] = []  # no model class (0.22's init_model_state looks for Whisper)
         self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
 
     def __getattr__(self, name: str):

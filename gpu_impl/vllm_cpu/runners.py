@@ -228,7 +228,9 @@ def _build_layer(layer, cache_config, vc):
                 kv_b_proj=nn.Linear(1, 1),  # weights: never loaded, never used for the layout
                 cache_config=layer_cache,
                 prefix=layer.name,
-                sliding_window=layer.sliding_window if kind == "sliding_window_mla" else None,
+                # Only where there is one: releases to 0.22 pass unknown keywords on to the impl,
+                # which takes its own sliding_window too.
+                **({"sliding_window": layer.sliding_window} if kind == "sliding_window_mla" else {}),
             )
     if kind == "mla_indexer":
         import torch
@@ -421,23 +423,30 @@ def _mrv2_runner(case, vc, device):
         jit_warmup_registry=_NullWarmup(),
         kv_caches=[],
     )
+    # What GPUModelRunner.__init__ of releases to 0.28 also sets (generation 1's MRv2
+    # schedules), where the class does not answer it itself (0.28: a pcp_manager_cls property).
+    for name, value in (("cp_interleave", vc.parallel_config.cp_kv_cache_interleave_size),
+                        ("pcp_manager_cls", None), ("uniform_decode_query_len", 1 + (len(drafts) and 1))):
+        if not hasattr(GPUModelRunner, name):
+            setattr(r, name, value)
     from vllm.v1.worker.gpu.input_batch import InputBuffers
     from vllm.v1.worker.gpu.states import RequestState
 
     # GPUModelRunner.__init__'s request state and input buffers, sized like the runner's.
     import inspect
 
-    dense = {"use_dense_all_token_ids": False} if "use_dense_all_token_ids" in inspect.signature(RequestState).parameters else {}
-    r.req_states = RequestState(
+    offered = dict(
         max_num_reqs=MAX_NUM_REQS,
         max_model_len=case.max_model_len,
         max_num_batched_tokens=MAX_NUM_TOKENS,
         num_speculative_steps=1 if drafts else 0,
         vocab_size=r.vocab_size,
         device=device,
-        num_prefill_lookahead=1,
-        **dense,  # 0.32 on
+        num_prefill_lookahead=1,  # 0.29 on
+        use_dense_all_token_ids=False,  # 0.32 on
     )
+    takes = inspect.signature(RequestState).parameters
+    r.req_states = RequestState(**{name: value for name, value in offered.items() if name in takes})
     r.input_buffers = InputBuffers(max_num_reqs=MAX_NUM_REQS, max_num_tokens=MAX_NUM_TOKENS, device=device)
     encoder_cache = None
     if r.is_encoder_decoder:
@@ -448,7 +457,8 @@ def _mrv2_runner(case, vc, device):
         encoder_cache = EncoderCache()
     r.encoder_cache = encoder_cache
     r.model_state = init_model_state(vc, model, encoder_cache, device)
-    r.decode_query_len = (1 if drafts else 0) + r.model_state.num_new_sampled_tokens_per_step
+    # One sampled token per step where the model state does not say (releases before 0.28).
+    r.decode_query_len = (1 if drafts else 0) + getattr(r.model_state, "num_new_sampled_tokens_per_step", 1)
     return r
 
 

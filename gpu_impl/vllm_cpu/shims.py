@@ -153,6 +153,35 @@ def _patch_platform() -> None:
     _applied.append(f"{cls.__name__}.num_compute_units -> {VIRTUAL_SM_COUNT} (the virtual GPU's SMs)")
 
 
+@contextlib.contextmanager
+def cuda_alike_worker_utils() -> Iterator[None]:
+    """While it lasts, ``vllm.v1.worker.utils`` sees a CUDA-alike platform (the virtual GPU).
+
+    Releases to 0.25 ``bind_kv_cache`` raise NotImplementedError when two layers share a
+    layer index (a target layer and a draft's) unless the platform is CUDA-alike, XPU or CPU;
+    the undeclared platform of a CPU-only machine is none of them. Only that module's view
+    of the platform changes, and only here (generation 1's MRv2 schedules)."""
+    import vllm.v1.worker.utils as worker_utils
+
+    real = getattr(worker_utils, "current_platform", None)
+    if real is None:
+        yield
+        return
+
+    class _CudaAlike:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def is_cuda_alike(self) -> bool:
+            return True
+
+    worker_utils.current_platform = _CudaAlike()
+    try:
+        yield
+    finally:
+        worker_utils.current_platform = real
+
+
 _declared_backend: list[str | None] = [None]
 
 
@@ -216,6 +245,19 @@ def _patch_uva(cls) -> None:
     buffer_utils.is_uva_available = lambda: False
     cls.device_type = "cpu"
     _applied.append(f"no UVA (vllm.v1.worker.gpu.buffer_utils.is_uva_available -> False); {cls.__name__}.device_type = 'cpu'")
+    uva_buffer = getattr(buffer_utils, "UvaBuffer", None)
+    if uva_buffer is not None and not hasattr(buffer_utils, "NonUvaBuffer"):
+        # Releases before the NonUvaBuffer fallback (0.28 and older) allocate UVA buffers
+        # unconditionally: on a CPU device the accelerator's view of host memory is itself.
+        def cpu_view(self, size, dtype) -> None:
+            import torch
+
+            self.cpu = torch.zeros(size, dtype=dtype, device="cpu")
+            self.np = self.cpu.numpy()
+            self.uva = self.cpu
+
+        uva_buffer.__init__ = cpu_view
+        _applied.append("UvaBuffer on CPU: host memory is its own device view (vllm.v1.worker.gpu.buffer_utils)")
 
 
 class VirtualMLAPrefill:
@@ -473,6 +515,28 @@ def _patch_pin_memory() -> None:
         if hasattr(module, "is_pin_memory_available"):
             module.is_pin_memory_available = lambda: False
             patched.append(f"{name}.is_pin_memory_available")
+    # Releases to 0.28: MRv2's staged writes call async_tensor_h2d(..., pin_memory=True)
+    # outright; pinning needs an accelerator's allocator.
+    try:
+        import vllm.v1.worker.gpu.buffer_utils as buffer_utils
+    except Exception:  # pragma: no cover - a vLLM without MRv2
+        buffer_utils = None
+    h2d = getattr(buffer_utils, "async_tensor_h2d", None)
+    if h2d is not None and not getattr(h2d, "unpinned", False):
+        import functools
+        import inspect
+
+        signature = inspect.signature(h2d)
+        if "pin_memory" in signature.parameters:
+            @functools.wraps(h2d)
+            def unpinned(*args, **kwargs):
+                bound = signature.bind(*args, **kwargs)
+                bound.arguments["pin_memory"] = False
+                return h2d(*bound.args, **bound.kwargs)
+
+            unpinned.unpinned = True  # type: ignore[attr-defined]
+            buffer_utils.async_tensor_h2d = unpinned
+            patched.append("vllm.v1.worker.gpu.buffer_utils.async_tensor_h2d(pin_memory=False)")
     _applied.append(f"PIN_MEMORY=False in {', '.join(patched)}")
 
 

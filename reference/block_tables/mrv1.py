@@ -212,8 +212,9 @@ class MRv1MultiGroupBlockTable:
     """MRv1 ``MultiGroupBlockTable`` (``vllm/v1/worker/block_table.py``): one table per group.
 
     Widths are ``get_block_table_width(max_num_blocks[g], B_g, 128)`` for token groups and
-    unaligned for ``"none"`` (Mamba) groups, times ``blocks_per_kv_block[g]`` (vLLM before
-    0.32: rows of kernel block ids). Row operations are forwarded to every group.
+    unaligned for ``"none"`` (Mamba) groups and without ``token_aligned`` (vLLM before 0.27),
+    times ``blocks_per_kv_block[g]`` (vLLM before 0.32: rows of kernel block ids). Row
+    operations are forwarded to every group.
     """
 
     def __init__(
@@ -229,6 +230,7 @@ class MRv1MultiGroupBlockTable:
         dcp_rank: int = 0,
         blocks_per_kv_block: Sequence[int] | None = None,
         move_clears_source: bool = True,
+        token_aligned: bool = True,
     ) -> None:
         if len(block_sizes) != len(max_num_blocks):
             raise ConfigError(
@@ -240,7 +242,7 @@ class MRv1MultiGroupBlockTable:
                   for r in _per_group(blocks_per_kv_block, len(block_sizes), "blocks_per_kv_block", 1)]
         tables = []
         for g, (b, m, mode, ratio) in enumerate(zip(block_sizes, max_num_blocks, modes, ratios)):
-            align = DEFAULT_TOKEN_ALIGNMENT if mode is SlotMappingMode.TOKEN_TO_KV_SLOT else None
+            align = DEFAULT_TOKEN_ALIGNMENT if mode is SlotMappingMode.TOKEN_TO_KV_SLOT and token_aligned else None
             tables.append(MRv1BlockTable(
                 b, max_num_reqs, get_block_table_width(m, b, align) * ratio, max_num_batched_tokens,
                 slot_mapping_mode=mode, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,

@@ -87,7 +87,7 @@ class _MRv1Model:
             sc["max_num_reqs"], sc["max_num_batched_tokens"], [g["block_size"] for g in groups],
             [g["max_num_blocks"] for g in groups], I, [g["mrv1_slot_mapping"] for g in groups],
             dcp_world_size=W, dcp_rank=r, blocks_per_kv_block=stored_ratios(sc, "mrv1"),
-            move_clears_source=sc["mrv1_move_clears_source"],
+            move_clears_source=sc["mrv1_move_clears_source"], token_aligned=sc["widths_token_aligned"],
         )
         self.state = MRv1ScheduleState(self.tables)
         self.widths = self.tables.widths
@@ -139,8 +139,9 @@ class _MRv2Model:
         self.groups = groups
         self.kernel_ids = sc["kernel_ids"]["mrv2"] is not None
         ratios = stored_ratios(sc, "mrv2")
-        self.widths = [get_block_table_width(g["max_num_blocks"], g["block_size"], g["token_alignment"]) * ratio
-                       for g, ratio in zip(groups, ratios)]
+        aligned = sc["widths_token_aligned"]
+        self.widths = [get_block_table_width(g["max_num_blocks"], g["block_size"], g["token_alignment"] if aligned else None)
+                       * ratio for g, ratio in zip(groups, ratios)]
         self.tables = MRv2BlockTables(
             [g["block_size"] for g in groups], sc["max_num_reqs"], sc["max_num_batched_tokens"], self.widths,
             W, r, I, [g["mrv2_slot_mapping"] for g in groups], [g["dcp_sharded"] for g in groups],

@@ -81,3 +81,30 @@ def test_the_profiles_random_configs_conform_or_say_why_not(case) -> None:
     mismatches = compare_runners(case, observations["mrv1"], observations["mrv2"])
     predicted = {line.split(":", 1)[0] for line in mrv1_mrv2_differences(case)}
     assert {d.field.rsplit(".", 1)[0] for d in mismatches if d.field != "error"} <= predicted, [d.message for d in mismatches]
+
+
+def test_request_schedules_run_through_both_runners_own_block_tables() -> None:
+    """Both runners' own block tables (MRv1: its may_reinitialize_input_batch's InputBatch;
+    MRv2: its own initialize_kv_cache) run the cases' seeded schedules, judged by
+    reference.block_tables with this release's facts: MRv1 rows hold kernel ids, MRv2's from
+    0.22, and a FlashInfer case at block 128 stores two per block."""
+    from conformance.diff import compare
+    from conformance.schedules import plan_schedules
+    from gpu_impl.vllm_cpu.planning import observe
+    from reference.releases import BLOCK_TABLES_HOLD_KERNEL_IDS
+
+    version = installed_version()
+    ran = {"mrv1": 0, "mrv2": 0}
+    for case in release_cases():
+        plan = plan_schedules(case, 5, 2)
+        if not plan.scenarios:
+            continue
+        for runner in ran:
+            observation = observe(case, runner, schedules=plan.scenarios)
+            ran[runner] += sum("steps" in s for s in observation.schedules)
+            result = compare(case, runner, observation, plan)
+            assert result.status == "pass", [d.message for d in result.divergences][:5]
+            if case.name == "gen1-flashinfer-b128" and observation.schedules:
+                stored = 2 if holds(BLOCK_TABLES_HOLD_KERNEL_IDS[runner], version) else 1
+                assert observation.schedules[0]["ids_per_block"] == [stored]
+    assert ran["mrv1"] >= 16 and ran["mrv2"] >= 10, ran

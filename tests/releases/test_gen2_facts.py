@@ -61,3 +61,28 @@ def test_drafts_and_dcp_are_driven_through_this_releases_own_entry_points(case_n
         assert observation.unsupported is None, observation.unsupported
         result = compare(case, runner, observation)
         assert result.divergences == (), [d.message for d in result.divergences]
+
+
+SCHEDULE_CASES = (("flashinfer-b128-k64", "mrv1"), ("flashinfer-b128-k64", "mrv2"), ("gqa-tp8-dcp4-flashinfer-b128", "mrv1"))
+
+
+@pytest.mark.parametrize(("case_name", "runner"), SCHEDULE_CASES)
+def test_schedules_conform_by_this_releases_block_tables_not_the_targets(case_name: str, runner: str) -> None:
+    """Before 0.32 both runners' tables hold kernel ids (BLOCK_TABLES_HOLD_KERNEL_IDS): the same
+    seeded schedules conform by this release's facts and diverge by the target's."""
+    from conformance.schedules import plan_schedules
+    from gpu_impl.vllm_cpu.planning import observe
+    from reference.releases import BLOCK_TABLES_HOLD_KERNEL_IDS
+
+    version = installed_version()
+    if holds(BLOCK_TABLES_HOLD_KERNEL_IDS[runner], version) == holds(BLOCK_TABLES_HOLD_KERNEL_IDS[runner], TARGET_RELEASE):
+        pytest.skip(f"vLLM {version}'s {runner} tables hold the target release's ids")
+    case = get_case(case_name).with_(vllm_version=version)
+    plan = plan_schedules(case, 5, 2)
+    observation = observe(case, runner, schedules=plan.scenarios)
+    assert [s for s in observation.schedules if "steps" in s], observation.schedules_unsupported or observation.schedules
+    by_release = compare(case, runner, observation, plan)
+    assert by_release.divergences == (), [d.message for d in by_release.divergences][:5]
+    target = case.with_(vllm_version=TARGET_RELEASE)
+    by_target = compare(target, runner, observation, plan_schedules(target, 5, 2))
+    assert any(d.kind == "block_table" for d in by_target.divergences)
