@@ -109,13 +109,44 @@ def _check_case(connector: Any, label: str, derivation, report: ConnectorReport,
     return dataclasses.replace(base_result, status="unsupported" if obs.unsupported else "skipped", detail=why[:300])
 
 
+class _AdapterGap(Exception):
+    """A built-in adapter could not drive this release's connector (its own code raised, or
+    the connector read an attribute the adapter's stand-in lacks): ``unsupported``."""
+
+
+def adapter_gap(exc: BaseException, label: str, *, registering: bool = False) -> str | None:
+    """Why ``exc`` is the built-in adapter's gap rather than the connector's verdict, or None:
+    raised in kvconform's own code (while registering: any error; after it, an AttributeError:
+    the adapter reads what this release's worker does not have), or an AttributeError on an
+    object the adapter made without its ``__init__`` (``gpu_impl.connectors.base.stand_in``)
+    that this release's connector reads."""
+    from gpu_impl.connectors.base import STAND_IN_MARK
+
+    if not label.startswith("gpu_impl.connectors.") or not isinstance(exc, Exception):
+        return None
+    who, where = raised_in(exc)
+    if who == "kvconform" and (registering or isinstance(exc, AttributeError)):
+        return f"the adapter could not drive the connector: {one_line(exc)} at {where}"[:300]
+    holder = getattr(exc, "obj", None) if isinstance(exc, AttributeError) else None
+    if holder is not None and getattr(holder, STAND_IN_MARK, False):
+        return (f"the adapter's {type(holder).__name__} stand-in lacks {getattr(exc, 'name', '?')!r}, which this "
+                f"release's connector reads (its __init__ would set it): {one_line(exc)} at {where}")[:300]
+    return None
+
+
 class _Findings:
     """The findings of one case x runner; a repeat of a (layer, field) finding counts one
     more affected block instead of adding a line."""
 
-    def __init__(self, case: str, runner: str) -> None:
-        self.case, self.runner = case, runner
+    def __init__(self, case: str, runner: str, label: str = "") -> None:
+        self.case, self.runner, self.label = case, runner, label
         self.items: list[ConnectorFinding] = []
+
+    def raise_if_adapter_gap(self, exc: BaseException) -> None:
+        """``_AdapterGap`` when ``exc`` is the built-in adapter's, not the connector's."""
+        why = adapter_gap(exc, self.label)
+        if why is not None:
+            raise _AdapterGap(why) from exc
 
     def add(self, layer: str, block: int | None, fld: str, expected: Any, observed: Any, message: str,
             cause: str | None = None) -> None:
@@ -163,7 +194,7 @@ class _PoolPages:
 def _judge(connector: Any, label: str, derivation, caches: Mapping[str, Any], ctx: RegistrationContext,
            report: ConnectorReport, base_result: CaseResult) -> CaseResult:
     """Register, then every check the adapter's members allow, then the round trip."""
-    findings = _Findings(derivation.case.name, derivation.runner)
+    findings = _Findings(derivation.case.name, derivation.runner, label)
 
     def finish(status: str, detail: str, checked: int = 0, round_trip: str = "") -> CaseResult:
         divs = findings.items
@@ -180,15 +211,19 @@ def _judge(connector: Any, label: str, derivation, caches: Mapping[str, Any], ct
         return finish(*outcome)
     pages = _PoolPages(derivation, base, pool_nbytes)
     facts = {n: LayerFacts(derivation, n, caches[n], base) for n in derivation.registered}
-    _check_kernel_block_size(adapter, derivation, facts, findings)
-    for f in facts.values():
-        _check_block_len(adapter, f, derivation.layout.name, findings)
-        _check_num_blocks(adapter, f, derivation.num_blocks, findings)
-    moved = getattr(adapter, "transferred_layers", None)
-    if moved is not None:  # by design the connector moves only some layers (e.g. only offloaded groups)
-        facts = {n: f for n, f in facts.items() if n in moved}
-    checked = _check_descriptors(adapter, derivation, facts, pages, findings)
-    _check_head_slices(adapter, derivation, facts, base, findings)
+    try:
+        _check_kernel_block_size(adapter, derivation, facts, findings)
+        for f in facts.values():
+            _check_block_len(adapter, f, derivation.layout.name, findings)
+            _check_num_blocks(adapter, f, derivation.num_blocks, findings)
+        moved = getattr(adapter, "transferred_layers", None)
+        if moved is not None:  # by design the connector moves only some layers (e.g. only offloaded groups)
+            facts = {n: f for n, f in facts.items() if n in moved}
+        checked = _check_descriptors(adapter, derivation, facts, pages, findings)
+        _check_head_slices(adapter, derivation, facts, base, findings)
+    except _AdapterGap as gap:
+        findings.items.clear()  # what the adapter could not read is no finding of the connector's
+        return finish("unsupported", str(gap))
     trip = _check_round_trip(adapter, derivation, caches, findings)
     status = "failure" if findings.items else "pass"
     detail = (f"layout {derivation.layout.name}, kernel blocks {derivation.kernel_block_sizes}, {checked} (layer, block) checked; "
@@ -214,9 +249,10 @@ def _register(connector: Any, label: str, caches: Mapping[str, Any], ctx: Regist
             findings.add("*", None, "register", "register_kv_caches succeeds or raises an error", f"{type(exc).__name__}: {exc}",
                          f"register raised {type(exc).__name__}: {exc} at {where}")
             return None, ("failure", f"register raised {type(exc).__name__}")
-        if who == "kvconform" and label.startswith("gpu_impl.connectors."):
+        gap = adapter_gap(exc, label, registering=True)
+        if gap is not None:
             # The built-in adapter itself failed (a changed connector API): not the connector's verdict.
-            return None, ("unsupported", f"the adapter could not drive the connector: {one_line(exc)} at {where}"[:300])
+            return None, ("unsupported", gap)
         # The connector's own code refused the layout at registration.
         return None, ("refusal", f"{one_line(exc)} at {where}"[:300])
     return adapter, None
@@ -241,6 +277,7 @@ def _check_block_len(adapter: Any, f: LayerFacts, layout: str, findings: _Findin
     try:
         bl = int(adapter.block_len(name))
     except ADAPTER_ERRORS as exc:
+        findings.raise_if_adapter_gap(exc)
         findings.add(name, None, "block_len", f.kernel_page, f"{type(exc).__name__}: {exc}", f"block_len raised {type(exc).__name__}: {exc}")
         return
     if not block_len_is_right(bl, f, layout):
@@ -253,6 +290,7 @@ def _check_num_blocks(adapter: Any, f: LayerFacts, logical_blocks: int, findings
     try:
         nb = int(adapter.num_blocks(f.name))
     except ADAPTER_ERRORS as exc:
+        findings.raise_if_adapter_gap(exc)
         nb = f"{type(exc).__name__}: {exc}"
     if nb != f.view.shape[0]:
         findings.add(f.name, None, "num_blocks", f.view.shape[0], nb, num_blocks_message(nb, f, logical_blocks))
@@ -281,6 +319,7 @@ def _check_descriptors(adapter: Any, derivation, facts: Mapping[str, LayerFacts]
                 else:
                     observed = _to_intervals(adapter.descriptors(name, b), "descriptors")
             except ADAPTER_ERRORS as exc:
+                findings.raise_if_adapter_gap(exc)
                 add(name, b, "descriptors", show(expected, base), f"{type(exc).__name__}: {exc}",
                     f"descriptors({name!r}, {b}) raised {type(exc).__name__}: {exc}")
                 continue

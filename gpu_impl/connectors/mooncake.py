@@ -14,7 +14,7 @@ from collections import OrderedDict
 from typing import Any, Mapping
 from unittest import mock
 
-from gpu_impl.connectors.base import Ranges, TransferWorkerAdapter
+from gpu_impl.connectors.base import Ranges, TransferWorkerAdapter, stand_in
 from gpu_impl.connectors.vllm_setup import plan_case, set_until_exit
 
 
@@ -64,7 +64,7 @@ class MooncakeAdapter(TransferWorkerAdapter):
             if hasattr(mc, "get_current_attn_backends_and_specs"):  # 0.31 on
                 stack.enter_context(mock.patch.object(mc, "get_current_attn_backends_and_specs",
                                                       lambda *a, **k: (be, sp)))
-            w = _Worker.__new__(_Worker)
+            w = stand_in(_Worker)
             w.vllm_config = vc
             w.engine = RecordingTransferEngine()
             w.engine_id = "kvconform-engine"

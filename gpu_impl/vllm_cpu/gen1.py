@@ -158,7 +158,12 @@ def _mrv2_runners(case: Any, vc: Any, groups: Any, memory: int) -> Iterator[Call
 
     from gpu_impl.vllm_cpu import planning, runners, shims
 
+    from vllm.v1.attention.backends import utils as backend_utils
+
     saved_override, saved_env = vc.cache_config.num_gpu_blocks_override, os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    # Building real layers runs the backend selector, which may force a KV cache layout for
+    # the process (set_kv_cache_layout): the next case's layout must not inherit it.
+    saved_layout_override = getattr(backend_utils, "_KV_CACHE_LAYOUT_OVERRIDE", None)
     vc.cache_config.num_gpu_blocks_override = _SCHEDULE_POOL_BLOCKS
     try:
         kcc = get_kv_cache_config_from_groups(vc, groups, memory)
@@ -181,6 +186,8 @@ def _mrv2_runners(case: Any, vc: Any, groups: Any, memory: int) -> Iterator[Call
         os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
         if saved_env is not None:
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved_env
+        if hasattr(backend_utils, "set_kv_cache_layout"):
+            backend_utils.set_kv_cache_layout(saved_layout_override)
 
 
 _SCHEDULE_POOL_BLOCKS = 4
