@@ -60,7 +60,13 @@ def _speculative_stand_in(case) -> SimpleNamespace:
     """The ``SpeculativeConfig`` fields the draft-config builders read (parsed as vLLM parses them)."""
     from vllm.config.speculative import SpeculativeConfig
 
-    backend = SpeculativeConfig._parse_attention_backend(case.speculative_attention_backend)
+    parse = getattr(SpeculativeConfig, "_parse_attention_backend", None)
+    if parse is None:  # releases before the draft's own --attention-backend (0.19)
+        if case.speculative_attention_backend is not None:
+            raise RunnerUnavailable("this vLLM's SpeculativeConfig takes no attention backend for the draft")
+        backend = None
+    else:
+        backend = parse(case.speculative_attention_backend)
     return SimpleNamespace(attention_backend=backend, moe_backend=None, kv_cache_dtype=None, enforce_eager=True)
 
 
