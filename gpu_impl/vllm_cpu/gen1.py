@@ -147,16 +147,18 @@ def _mrv1_input_batch_runner(case: Any, vc: Any, kcc: Any, attn_groups: Any, ker
 
 
 @contextlib.contextmanager
-def _mrv2_runners(case: Any, vc: Any, groups: Any, memory: int) -> Iterator[Callable[[], Any]]:
+def _mrv2_runners(case: Any, vc: Any, groups: Any, memory: int,
+                  runner_config: Callable[[Any], Any]) -> Iterator[Callable[[], Any]]:
     """Builds of MRv2 runners whose own ``initialize_kv_cache`` has run, as generation 2's
     are built (``runners.runner_instance`` over the case's layers from their own
     constructors, ``VLLM_USE_V2_MODEL_RUNNER=1`` as a deployment of MRv2 sets it). The KV
     cache config is vLLM's own planning of the case's groups with four blocks
     (``num_gpu_blocks_override``): the runner allocates its pool in host memory, and a
-    block table does not depend on the pool's size."""
+    block table does not depend on the pool's size. ``runner_config``: the layout driver's
+    ``planning.vllm_config_for`` (the config generation 2's runners are built under)."""
     from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups
 
-    from gpu_impl.vllm_cpu import planning, runners, shims
+    from gpu_impl.vllm_cpu import runners, shims
 
     from vllm.v1.attention.backends import utils as backend_utils
 
@@ -171,11 +173,11 @@ def _mrv2_runners(case: Any, vc: Any, groups: Any, memory: int) -> Iterator[Call
         vc.cache_config.num_gpu_blocks_override = saved_override
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     try:
-        with planning.vllm_config_for(case) as runner_config:
-            runners.build_layers(case, "mrv2", runner_config)
+        with runner_config(case) as config:
+            runners.build_layers(case, "mrv2", config)
 
             def build() -> Any:
-                instance = runners.runner_instance(case, "mrv2", runner_config, "cpu")
+                instance = runners.runner_instance(case, "mrv2", config, "cpu")
                 with runners.recording_transfer_group(), runners.initialisation_environment(case), \
                         shims.cuda_alike_worker_utils():
                     instance.initialize_kv_cache(kcc)
@@ -218,7 +220,8 @@ def _schedules(case: Any, runner: str, schedules: tuple, build: Callable[[], Any
 
 
 def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: str = "meta",
-            on_registered: Callable[[RegisteredKV], None] | None = None, schedules: tuple = ()) -> Observation:
+            on_registered: Callable[[RegisteredKV], None] | None = None, schedules: tuple = (),
+            runner_config: Callable[[Any], Any] | None = None) -> Observation:
     """What ``runner`` of the installed generation-1 vLLM registers for ``case``.
 
     ``device="cpu"`` allocates real tensors (a connector needs addresses and bytes);
@@ -365,9 +368,11 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                 if runner == "mrv1":
                     partial.update(_schedules(case, runner, schedules, lambda: _mrv1_input_batch_runner(
                         case, vc, kcc, attn_groups, kernel_block_sizes)))
+                elif runner_config is None:
+                    partial["schedules_unsupported"] = "MRv2's runner config was not given (planning.observe gives it)"
                 else:
                     try:
-                        with _mrv2_runners(case, vc, groups, memory) as build:
+                        with _mrv2_runners(case, vc, groups, memory, runner_config) as build:
                             partial.update(_schedules(case, runner, schedules, build))
                     except (AttributeError, TypeError, ImportError, RuntimeError, KeyError, AssertionError,
                             ValueError, NotImplementedError) as exc:

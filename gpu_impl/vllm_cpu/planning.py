@@ -75,7 +75,7 @@ def _vllm_config():
     if _VLLM_CONFIG is None:
         shims.apply()
         from vllm.config import CacheConfig, DeviceConfig, VllmConfig
-        from vllm.v1.core import single_type_kv_cache_manager
+        import vllm.v1.core.single_type_kv_cache_manager as single_type_kv_cache_manager
 
         vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=CacheConfig(block_size=16))
         # The engine core registers the built-in spec types before grouping (releases
@@ -741,7 +741,8 @@ def observe(case, runner: str = "mrv1", *, admission: bool = False, schedules=()
             return Observation(case.name, runner, unsupported=f"generation-1 cases need a vLLM 0.19 to 0.28: {problem}", shims=applied)
         from gpu_impl.vllm_cpu import gen1
 
-        return gen1.observe(case, runner, applied, device=device, on_registered=on_registered, schedules=tuple(schedules))
+        return gen1.observe(case, runner, applied, device=device, on_registered=on_registered, schedules=tuple(schedules),
+                            runner_config=vllm_config_for)
     try:
         return _observe(case, runner, admission, applied, tuple(schedules), _Registration(device, on_registered))
     finally:
