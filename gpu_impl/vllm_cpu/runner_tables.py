@@ -110,6 +110,8 @@ class _MRv1Schedule:
         self.widths = [int(t.get_numpy_array().shape[1]) for t in self.table.block_tables]
         # Before 0.32 a BlockTable stores each block id as its kernel block ids (blocks_per_kv_block).
         self.ids_per_block = [int(getattr(t, "blocks_per_kv_block", 1)) for t in self.table.block_tables]
+        # Each group's (manager) block size; before 0.32 block_size is the kernel's.
+        self.block_sizes = [int(t.block_size) * r for t, r in zip(self.table.block_tables, self.ids_per_block)]
         groups = list(getattr(instance, "attn_groups", []) or [])
         drafter = getattr(instance, "drafter", None)
         self.drafter = drafter if getattr(drafter, "draft_attn_groups", None) else None
@@ -233,6 +235,7 @@ class _MRv2Schedule:
         self.widths = [int(t.gpu.shape[1]) for t in tables.block_tables]
         # 0.22 to 0.31: BlockTables stores each block id as its kernel block ids.
         self.ids_per_block = [int(r) for r in getattr(tables, "blocks_per_kv_block", [1] * self.num_groups)]
+        self.block_sizes = [int(b) for b in tables.block_sizes]
         speculator = getattr(instance, "speculator", None)
         self.speculator = speculator if getattr(speculator, "block_tables", None) is not None else None
         self.entries = _attention_group_entries(getattr(instance, "attn_groups", None), "runner")
@@ -412,9 +415,14 @@ def _drafting(who: str, run) -> dict[str, Any]:
         return {"draft_steps_unsupported": f"{who}'s draft steps not reachable: {type(exc).__name__}: {exc}"}
 
 
-def _fits(sc: Mapping[str, Any], num_groups: int, instance) -> str | None:
+def _fits(sc: Mapping[str, Any], num_groups: int, instance, block_sizes: Sequence[int] = ()) -> str | None:
     if len(sc["groups"]) != num_groups:
         return f"the schedule has {len(sc['groups'])} KV cache groups, the runner's block tables {num_groups}"
+    planned = [g["block_size"] for g in sc["groups"]]
+    if block_sizes and list(block_sizes) != planned:
+        # The schedule was drawn for other groups than this release built (a release the
+        # reference has no facts for): its block ids would not cover its tokens here.
+        return f"the schedule's groups have {planned}-token blocks, the runner's block tables {list(block_sizes)}"
     if sc["max_num_reqs"] > int(instance.max_num_reqs):
         return f"the schedule needs {sc['max_num_reqs']} requests, the runner holds {instance.max_num_reqs}"
     if sc["max_num_batched_tokens"] > int(instance.max_num_tokens):
@@ -435,7 +443,7 @@ def run_schedule(runner: str, instance, scenario: Mapping[str, Any]) -> Result:
         driver = cls(instance, sc)
     except (AttributeError, TypeError) as exc:
         return {"name": sc["name"], "unsupported": f"{runner.upper()} block tables not reachable: {type(exc).__name__}: {exc}"}
-    why = _fits(sc, driver.num_groups, instance)
+    why = _fits(sc, driver.num_groups, instance, driver.block_sizes)
     if why is not None:
         return {"name": sc["name"], "does_not_fit": why}
     out: Result = {"name": sc["name"], "widths": list(driver.widths), "ids_per_block": list(driver.ids_per_block),

@@ -54,7 +54,12 @@ def page_bytes(kv_cache_config) -> dict[str, tuple[int, int]]:
         for name in group.layer_names:
             spec = per_layer.get(name, group.kv_cache_spec) if isinstance(per_layer, dict) else group.kv_cache_spec
             padded = spec.page_size_bytes
-            out[name] = (getattr(spec, "real_page_size_bytes", padded), padded)
+            # The unpadded page: real_page_size_bytes, or before it (0.29's MambaSpec) the
+            # state's own size, state_content_size_bytes; a spec with neither is not padded.
+            real = getattr(spec, "real_page_size_bytes", None)
+            if real is None:  # (a state spec: per-state shapes; an attention spec's is per token and head)
+                real = getattr(spec, "state_content_size_bytes", padded) if hasattr(spec, "shapes") else padded
+            out[name] = (real, padded)
     return out
 
 

@@ -111,3 +111,34 @@ def test_a_malformed_kernel_ids_entry_is_refused_with_its_value(bad) -> None:
         normalize_scenario(scenario)
     with pytest.raises(ScenarioError, match="mrv1_move_clears_source"):
         normalize_scenario({**scenario, "kernel_ids": None, "mrv1_move_clears_source": "no"})
+
+
+def test_rows_before_027_are_not_widened_to_128_tokens() -> None:
+    case = next(c for c in gen1_cases("0.25.0") if c.name == "gen1-fa-b16")
+    old = plan_schedules(case, SEED, 1).scenarios[0]
+    new = plan_schedules(dataclasses.replace(case, vllm_version="0.27.0"), SEED, 1).scenarios[0]
+    assert old["widths_token_aligned"] is False and "widths_token_aligned" not in new
+    max_blocks = old["groups"][0]["max_num_blocks"]
+    for runner in ("mrv1", "mrv2"):
+        assert predict_runner(old, runner)["widths"] == [max_blocks]
+        assert predict_runner(new, runner)["widths"][0] % (128 // 16) == 0
+
+
+def test_mrv2_slots_before_029_are_judged_by_who_is_live() -> None:
+    """0.19-0.28 free a step's slots in set order: the same blocks in other slots conform, a
+    request missing does not."""
+    case = next(c for c in gen1_cases("0.25.0") if c.name == "gen1-fa-b16")
+    plan = plan_schedules(case, SEED, 1)
+    scenario = plan.scenarios[0]
+    assert scenario["mrv2_frees_in_id_order"] is False
+    predicted = predict_runner(scenario, "mrv2")
+    got = copy.deepcopy(predicted)
+    for observed_step in got["steps"]:
+        observed_step.pop("kernel_tables", None)  # the driver's per-attention-group entries: not compared here
+    step = next(s for s in got["steps"] if len(s["locations"]) >= 2)
+    a, b = list(step["locations"])[:2]
+    step["locations"][a], step["locations"][b] = step["locations"][b], step["locations"][a]
+    judge = lambda observed: compare_schedule(case, "mrv2", scenario, predicted, observed, None)  # noqa: E731
+    assert [d for d in judge(got) if "live requests" in d.field or "locations" in d.field] == []
+    del step["locations"][a]
+    assert any("live requests" in d.field for d in judge(got))
