@@ -21,7 +21,9 @@ from reference.parallel import scheduler_block_sizes
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
-from reference.releases import PACKED_GROUPS_KEEP_MANAGER_BLOCKS, STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds
+from reference.releases import (FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_STATE_PAGE_GROWS,
+                                PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
+                                STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds)
 from reference.specs import AttentionSpec, LayerSpec, MambaSpec, SpecKind, first_layer_spec, layer_spec_of
 from reference.views import BlockBytes, LayerBytes, TensorView, create_views, effective_packing, layer_bytes
 
@@ -215,8 +217,15 @@ def layer_backend(case: CaseConfig, layer: LayerConfig, runner: str) -> str:
     return layer.backend
 
 
-def _sliding_window_block_size(backend: bk.BackendInfo, probe: AttentionSpec, block_size: int, capability: tuple[int, int]) -> int:
-    """``_largest_kernel_block_within``: SW block size is decoupled from ``--block-size``."""
+def _sliding_window_block_size(backend: bk.BackendInfo, probe: AttentionSpec, block_size: int, capability: tuple[int, int],
+                               from_primary: bool = True) -> int:
+    """``_largest_kernel_block_within``: SW block size is decoupled from ``--block-size``.
+    Without ``from_primary`` (0.29: ``SLIDING_WINDOW_BLOCK_FROM_PRIMARY``) and with no padded
+    page, it is the backend's smallest supported block (a ``MultipleOf``'s base)."""
+    if not from_primary:
+        sizes = list(backend.supported_kernel_block_sizes(probe, capability))
+        candidates = [s for s in sizes if isinstance(s, int)] or [s.base for s in sizes if not isinstance(s, int)]
+        return min(candidates) if candidates else block_size
     per_token = bk.customize_spec(backend, probe.with_block_size(1)).real_page_size_bytes
     budget = per_token * block_size
     max_bs = budget // per_token
@@ -291,7 +300,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         # Attention.get_kv_cache_spec decouples the window's block size from --block-size
         # (no padding unless kv_cache_dtype_skip_layers sets skip_page_size_padded, which
         # cases do not); page-size unification later rescales it to the full pages.
-        spec = spec.with_block_size(_sliding_window_block_size(backend, spec, case.block_size, case.capability))
+        spec = spec.with_block_size(_sliding_window_block_size(
+            backend, spec, case.block_size, case.capability, holds(SLIDING_WINDOW_BLOCK_FROM_PRIMARY, case.vllm_version)))
     return spec
 
 
@@ -430,6 +440,24 @@ def prepare_kernel_block_sizes(
     return tuple(sizes)
 
 
+def _check_release_builders(case: CaseConfig, d_plan: KVCachePlan, backends: dict[str, str]) -> None:
+    """A release's metadata-builder refusals that come before the views are made (0.29:
+    ``FLASHINFER_SM90_REFUSES_SLIDING_WINDOW``, whose builder exists before the KV cache tensors)."""
+    if not holds(FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, case.vllm_version) or tuple(case.capability) != (9, 0):
+        return
+    # The builder reads each layer's own window (get_per_layer_parameters: window_left), whatever
+    # spec its group ended with (a window no shorter than the model is promoted to full attention).
+    windowed = {layer.name for layer in case.layers if layer.kind == "sliding_window"}
+    for group in d_plan.groups:
+        for name in group.layer_names:
+            if backends[name] == "FLASHINFER" and name in windowed:
+                raise StartupError(
+                    "FlashInfer backend on SM90 currently crashes with sliding-window attention layers. "
+                    "Use the default attention backend.",
+                    where="vllm.v1.attention.backends.flashinfer.FlashInferMetadataBuilder.__init__",
+                )
+
+
 def _check_metadata_builders(
     case: CaseConfig,
     d_plan: KVCachePlan,
@@ -549,7 +577,8 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     _check_parallel_modeled(case)
     specs, backends = _customized_specs(case, runner)
     layout = _resolve_layout(case, specs, backends)
-    groups = get_kv_cache_groups(dict(specs), layout, hybrid_manager=not case.disable_hybrid_kv_cache_manager)
+    groups = get_kv_cache_groups(dict(specs), layout, hybrid_manager=not case.disable_hybrid_kv_cache_manager,
+                                 hidden_state_page_grows=holds(HIDDEN_STATE_PAGE_GROWS, case.vllm_version))
     # Grouping may rescale block sizes; the per-layer specs that matter from here on are
     # the grouped ones.
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
@@ -557,6 +586,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         # MRv1 checks DCP support in initialize_attn_backend, before any builder exists.
         _check_decode_context_parallel_backends(case, backends)
     kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends)
+    _check_release_builders(case, kv_plan, backends)
     views: dict[str, TensorView] = {}
     geometry: dict[str, tuple] = {}
     for tensor in kv_plan.tensors:

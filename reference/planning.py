@@ -192,12 +192,14 @@ def _uniform_page_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
 
 
 def get_kv_cache_groups(
-    specs: dict[str, LayerSpec], layout: KVCacheLayout, *, hybrid_manager: bool = True
+    specs: dict[str, LayerSpec], layout: KVCacheLayout, *, hybrid_manager: bool = True,
+    hidden_state_page_grows: bool = True,
 ) -> list[KVCacheGroup]:
     """Group the per-layer specs (``get_kv_cache_groups``).
 
     ``hybrid_manager=False`` (``--disable-hybrid-kv-cache-manager``) first promotes
     local-attention layers to full attention (``unify_hybrid_kv_cache_specs``).
+    ``hidden_state_page_grows=False`` is 0.29 (``reference.releases.HIDDEN_STATE_PAGE_GROWS``).
     """
     if not specs:
         return []
@@ -223,10 +225,11 @@ def get_kv_cache_groups(
             raise
         return fallback
     groups = _uniform_page_groups(unified)
-    return _with_hidden_state_groups(groups, hidden) if hidden else groups
+    return _with_hidden_state_groups(groups, hidden, hidden_state_page_grows) if hidden else groups
 
 
-def _with_hidden_state_groups(groups: list[KVCacheGroup], hidden: dict[str, AttentionSpec]) -> list[KVCacheGroup]:
+def _with_hidden_state_groups(groups: list[KVCacheGroup], hidden: dict[str, AttentionSpec],
+                              page_grows: bool = True) -> list[KVCacheGroup]:
     """``get_kv_cache_groups``' hidden-state tail: the common page grows (every group's block
     size scaled) until it holds one token of the widest hidden state (``_ensure_min_page_size``),
     then each hidden-state layer gets its own group with the largest block size that divides the
@@ -234,6 +237,10 @@ def _with_hidden_state_groups(groups: list[KVCacheGroup], hidden: dict[str, Atte
     common_page = groups[0].spec.page_size_bytes
     per_token = {n: s.num_kv_heads * s.head_size * s.element_size for n, s in hidden.items()}
     widest = max(per_token.values())
+    if widest > common_page and not page_grows:
+        # 0.29: the hidden-state group is padded to a page smaller than its own one-token page.
+        raise StartupError("AssertionError()", where="vllm.v1.kv_cache_interface.AttentionSpec.page_size_bytes "
+                                                     "(assert self.page_size_padded >= self.unpadded_page_size_bytes)")
     if widest > common_page:
         scale = -(-widest // common_page)
         common_page *= scale

@@ -255,13 +255,13 @@ def check_gen1_version(text: str) -> Version:
 # --- generation 2: KVCacheLayout -----------------------------------------------------------
 
 GEN2 = ReleaseSpan(
-    (0, 30, 0),
+    GEN2_FIRST,
     (_TARGET[0], _TARGET[1] + 1, 0),
-    "first: 0.30.0, 0.31.0 and 0.32.0 were run through the same drivers (kvconform run --profile ci in "
-    "scripts/release_env.sh X's venv: 1,063 cases, both runners, their own code) and differ from the target "
-    "release only where GEN2_DIFFERENCES says. 0.29.0 is generation 2 too (GEN2_FIRST) but differs in more than "
-    "these facts (hybrid block-size unification, Mamba pages, builder checks: its ci-profile run has 196 (case, "
-    "runner) failures against them), so it is judged by the contract alone. end: the target release's next minor",
+    "first: 0.29.0, 0.30.0, 0.31.0 and 0.32.0 were run through the same drivers (kvconform run --profile ci in "
+    "scripts/release_env.sh X's venv: 1,063 cases, both runners, their own code, request schedules included) and "
+    "differ from the target release only where GEN2_DIFFERENCES says (0.29.0's own: the sliding-window block "
+    "size, FlashInfer's SM90 window refusal, the hidden-state page; its Mamba pages were a misread of its "
+    "MambaSpec, which has no real_page_size_bytes). end: the target release's next minor",
 )
 GEN2_FACTS_FROM: Version = GEN2.first
 GEN2_FACTS_UNTIL: Version = GEN2.end
@@ -272,7 +272,7 @@ PACKED_GROUPS_KEEP_MANAGER_BLOCKS: tuple[Fact[bool], ...] = (
          "select_common_block_size(manager block, backends); vllm/v1/kv_cache_interface.py: create_kv_cache_views then "
          "refuses to split a block-outermost (packed) block: 'The resolved KV cache layout (BLHNC) does not store blocks "
          "as dense, unpadded pages (block stride S != page P), so a manager block cannot be split into R kernel blocks "
-         "of K tokens...'; observed on 0.30.0 and 0.31.0 (flashinfer-b128-blhnc-packed, both runners)"),
+         "of K tokens...'; observed on 0.29.0, 0.30.0 and 0.31.0 (flashinfer-b128-blhnc-packed, both runners)"),
     Fact((0, 32, 0), True,
          "vllm/v1/worker/utils.py: prepare_kernel_block_sizes keeps the manager block size for a group whose tensors "
          "are block-outermost (t.block_stride > t.layer_stride), so the views are made whole and the metadata builder "
@@ -329,6 +329,43 @@ MRV2_FREES_SLOTS_IN_ID_ORDER: tuple[Fact[bool], ...] = (
 )
 """Whether MRv2 frees a step's finished requests' slots in request-id order (before: in set order,
 so which free slot a later request takes is not determined by the schedule)."""
+
+SLIDING_WINDOW_BLOCK_FROM_PRIMARY: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FIRST, False,
+         "vllm/model_executor/layers/attention/attention.py in 0.29.0: Attention.get_kv_cache_spec gives a "
+         "sliding-window layer _largest_kernel_block_within(backend, per_token, skip_page_size_padded, block_size), "
+         "which returns the backend's smallest supported block (a MultipleOf's base) when there is no padded page; "
+         "observed on 0.29.0 (swa-hybrid-padded: the window group's blocks are 16 tokens where 0.30's are 32)"),
+    Fact((0, 30, 0), True,
+         "vllm/model_executor/layers/attention/attention.py in 0.30.0: page_budget = skip_page_size_padded or "
+         "per_token * block_size, and MultipleOf sizes expand to the largest aligned block within it: the primary "
+         "block size when the backend can run it"),
+)
+"""Whether a sliding-window layer's block size starts from the primary block size (the largest
+supported block within its page); before, from the backend's smallest supported block."""
+
+FLASHINFER_SM90_REFUSES_SLIDING_WINDOW: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FIRST, True,
+         "vllm/v1/attention/backends/flashinfer.py in 0.29.0: FlashInferMetadataBuilder.__init__ raises "
+         "NotImplementedError('FlashInfer backend on SM90 currently crashes with sliding-window attention layers. "
+         "Use the default attention backend.') when any of its layers has a window (flashinfer-ai/flashinfer#3578); "
+         "observed on 0.29.0 (random swa_hybrid cases on FLASHINFER, capability 9.0), before the views are made"),
+    Fact((0, 30, 0), False, "vllm/v1/attention/backends/flashinfer.py in 0.30.0: no such check"),
+)
+"""Whether FlashInfer's metadata builder refuses sliding-window layers on SM90."""
+
+HIDDEN_STATE_PAGE_GROWS: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FIRST, False,
+         "vllm/v1/core/kv_cache_utils.py in 0.29.0 has no _ensure_min_page_size: a hidden-state layer whose one token "
+         "outgrows the common page gets page_size_padded below its own page, and AttentionSpec.page_size_bytes "
+         "(vllm/v1/kv_cache_interface.py) fails 'assert self.page_size_padded >= self.unpadded_page_size_bytes' "
+         "with a bare AssertionError while the groups are sized; observed on 0.29.0 (hidden-states-swa-hybrid)"),
+    Fact((0, 30, 0), True,
+         "vllm/v1/core/kv_cache_utils.py in 0.30.0: get_kv_cache_groups calls _ensure_min_page_size, scaling every "
+         "group's block size until the common page holds one token of the widest hidden state"),
+)
+"""Whether the common page grows to hold one token of the widest hidden-state layer (before: vLLM's
+own page-size assertion fails)."""
 
 BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED: tuple[Fact[bool], ...] = (
     Fact(GEN1_FIRST, False,
@@ -387,6 +424,9 @@ GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
     "a layer's spec carries its backend's block stride alignment": STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
     "MRv2 BlockTables nulls block ids below a sliding window": MRV2_SLIDING_WINDOW_REACH,
     "MRv2 maps a replicated group's slots by the global position under DCP": MRV2_DCP_SHARDING_PER_GROUP,
+    "a sliding-window layer's block size starts from the primary block size": SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
+    "FlashInfer's builder refuses sliding-window layers on SM90": FLASHINFER_SM90_REFUSES_SLIDING_WINDOW,
+    "the common page grows to hold a hidden-state token": HIDDEN_STATE_PAGE_GROWS,
     "MRv1's move_row clears the row it vacates": MRV1_MOVE_ROW_CLEARS_SOURCE,
     "block-table rows span a multiple of 128 tokens": BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED,
     "MRv2 frees a step's request slots in request-id order": MRV2_FREES_SLOTS_IN_ID_ORDER,
@@ -417,7 +457,7 @@ BY_NEWEST_FACTS = "drift"
 the newest one the reference has facts for: judged by the contract and by the facts of the
 release it builds on; a divergence from those facts is *drift*."""
 BY_CONTRACT = "contract"
-"""A release the reference has no facts for (0.29, or older than generation 1):
+"""A release the reference has no facts for (older than generation 1):
 judged by the contract alone."""
 
 _SOURCE_BUILD = re.compile(r"\+g[0-9a-f]{6,}", re.IGNORECASE)
@@ -495,6 +535,7 @@ __all__ = [
     "judgement_for",
     "BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED",
     "BLOCK_TABLES_HOLD_KERNEL_IDS",
+    "FLASHINFER_SM90_REFUSES_SLIDING_WINDOW",
     "Fact",
     "GEN1",
     "GEN1_END",
@@ -502,6 +543,7 @@ __all__ = [
     "GEN1_KERNEL_BLOCK_SIZES",
     "GEN1_LAYOUT_OVERRIDES",
     "GEN2",
+    "HIDDEN_STATE_PAGE_GROWS",
     "GEN2_DIFFERENCES",
     "GEN2_FACTS_FROM",
     "GEN2_FACTS_UNTIL",
@@ -513,6 +555,7 @@ __all__ = [
     "MRV2_FREES_SLOTS_IN_ID_ORDER",
     "MRV2_KERNEL_BLOCKS",
     "MRV2_SLIDING_WINDOW_REACH",
+    "SLIDING_WINDOW_BLOCK_FROM_PRIMARY",
     "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES",
     "PACKED_GROUPS_KEEP_MANAGER_BLOCKS",
     "ReleaseSpan",

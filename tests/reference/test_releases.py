@@ -54,14 +54,15 @@ def test_the_target_release_is_read_from_the_registry() -> None:
 
 
 def test_each_generation_says_which_releases_it_has_facts_for() -> None:
+    assert check_gen2_version("0.29.0") == (0, 29, 0)
     assert check_gen2_version("0.30.0") == (0, 30, 0)
     assert check_gen2_version("0.31.2") == (0, 31, 2)
     assert check_gen2_version("0.33.9.dev1") == (0, 33, 9)
-    for outside in ("0.29.0", "0.34.0rc1"):
+    for outside in ("0.28.0", "0.34.0rc1"):
         with pytest.raises(NotModeledError) as refused:
             check_gen2_version(outside)
         assert str(refused.value) == (
-            f"the reference has no generation-2 facts for vLLM {outside} (it has them for 0.30.0 to 0.33.x; "
+            f"the reference has no generation-2 facts for vLLM {outside} (it has them for 0.29.0 to 0.33.x; "
             "generation 1: 0.19 to 0.28)"
         )
     assert check_gen1_version("0.28.3") == (0, 28, 3)
@@ -147,8 +148,8 @@ def test_pyproject_allows_up_to_the_target_releases_next_minor() -> None:
         ("0.35.0", BY_NEWEST_FACTS, TARGET_RELEASE),  # a release after the newest facts
         ("0.30.0", BY_FACTS, "0.30.0"),
         ("0.31.0", BY_FACTS, "0.31.0"),
-        ("0.29.1", BY_CONTRACT, None),  # generation 2, but no facts (GEN2's source says why)
-        ("0.18.0", BY_CONTRACT, None),
+        ("0.29.1", BY_FACTS, "0.29.1"),
+        ("0.18.0", BY_CONTRACT, None),  # older than generation 1: no facts
         ("0.21.0", BY_FACTS, "0.21.0"),
         ("0.28.1.dev3", BY_NEWEST_FACTS, "0.28.1"),
     ],
@@ -163,8 +164,9 @@ def test_every_vllm_is_judged_never_refused_for_lack_of_facts(installed: str, ba
 def test_the_header_for_vllms_ci_says_unreleased_and_which_facts() -> None:
     assert judgement_for("0.34.0.dev12+g1a2b3c4").describe() == (
         f"vLLM 0.34.0.dev12+g1a2b3c4 (unreleased): judged by the contract and by {TARGET_RELEASE}'s facts")
-    assert judgement_for("0.29.0").describe() == (
-        "vLLM 0.29.0 (the reference has no facts for it): judged by the contract alone")
+    assert judgement_for("0.18.0").describe() == (
+        "vLLM 0.18.0 (the reference has no facts for it): judged by the contract alone")
+    assert judgement_for("0.29.0").describe() == "vLLM 0.29.0: judged by the contract and by 0.29.0's facts"
 
 
 def test_contract_only_is_asked_for() -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from conformance.diff import compare
-from reference.releases import (PACKED_GROUPS_KEEP_MANAGER_BLOCKS, STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE,
-                                holds)
+from reference.releases import (HIDDEN_STATE_PAGE_GROWS, PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
+                                STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE, holds)
 from suites.named_cases import get_case
 from installed_release import installed_version
 
@@ -22,6 +22,8 @@ CASES_SHOWING = {
                                           ("flashinfer-b128-blhnc-packed", "gqa+draft-attention-backend-blhnc-b48")),
     "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES": (STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
                                            ("gqa+draft-attention-backend-b128", "gqa+flex-draft-b48")),
+    "SLIDING_WINDOW_BLOCK_FROM_PRIMARY": (SLIDING_WINDOW_BLOCK_FROM_PRIMARY, ("swa-hybrid-padded",)),
+    "HIDDEN_STATE_PAGE_GROWS": (HIDDEN_STATE_PAGE_GROWS, ("hidden-states-swa-hybrid",)),
 }
 """Per fact, the named cases whose outcome it decides on MRv1 (where both runners differ, MRv1 shows it)."""
 
