@@ -539,11 +539,11 @@ def test_contract_only_judges_what_every_vllm_must_do(pytester: pytest.Pytester,
 
 def test_a_release_without_facts_is_judged_by_the_contract_alone(
         pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
-    _installed(monkeypatch, "0.29.0")
+    _installed(monkeypatch, "0.18.0")
     pytester.makepyfile(JUDGED)
     result = pytester.runpytest()
     result.assert_outcomes(passed=1, failed=1, skipped=1)
-    result.stdout.fnmatch_lines(["kvconform: vLLM 0.29.0 (the reference has no facts for it): judged by the contract alone"])
+    result.stdout.fnmatch_lines(["kvconform: vLLM 0.18.0 (the reference has no facts for it): judged by the contract alone"])
 
 
 DRIFT_ACKNOWLEDGED = """
