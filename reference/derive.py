@@ -23,6 +23,7 @@ from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
 from reference.releases import (FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_STATE_PAGE_GROWS,
                                 PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
+                                SLIDING_WINDOW_PACKED_AS_STATE,
                                 STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds)
 from reference.specs import AttentionSpec, LayerSpec, MambaSpec, SpecKind, first_layer_spec, layer_spec_of
 from reference.views import BlockBytes, LayerBytes, TensorView, create_views, effective_packing, layer_bytes
@@ -578,7 +579,8 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     specs, backends = _customized_specs(case, runner)
     layout = _resolve_layout(case, specs, backends)
     groups = get_kv_cache_groups(dict(specs), layout, hybrid_manager=not case.disable_hybrid_kv_cache_manager,
-                                 hidden_state_page_grows=holds(HIDDEN_STATE_PAGE_GROWS, case.vllm_version))
+                                 hidden_state_page_grows=holds(HIDDEN_STATE_PAGE_GROWS, case.vllm_version),
+                                 sliding_window_packed_as_state=holds(SLIDING_WINDOW_PACKED_AS_STATE, case.vllm_version))
     # Grouping may rescale block sizes; the per-layer specs that matter from here on are
     # the grouped ones.
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)

@@ -193,13 +193,14 @@ def _uniform_page_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
 
 def get_kv_cache_groups(
     specs: dict[str, LayerSpec], layout: KVCacheLayout, *, hybrid_manager: bool = True,
-    hidden_state_page_grows: bool = True,
+    hidden_state_page_grows: bool = True, sliding_window_packed_as_state: bool = True,
 ) -> list[KVCacheGroup]:
     """Group the per-layer specs (``get_kv_cache_groups``).
 
     ``hybrid_manager=False`` (``--disable-hybrid-kv-cache-manager``) first promotes
     local-attention layers to full attention (``unify_hybrid_kv_cache_specs``).
-    ``hidden_state_page_grows=False`` is 0.29 (``reference.releases.HIDDEN_STATE_PAGE_GROWS``).
+    ``hidden_state_page_grows=False`` and ``sliding_window_packed_as_state=False`` are 0.29
+    (``reference.releases.HIDDEN_STATE_PAGE_GROWS``, ``SLIDING_WINDOW_PACKED_AS_STATE``).
     """
     if not specs:
         return []
@@ -216,7 +217,7 @@ def get_kv_cache_groups(
     rest = {n: s for n, s in specs.items() if n not in hidden}
     if layout.is_block_outermost and len({s.page_size_bytes for s in rest.values()}) > 1:
         # Block-outermost blocks are strided by the widest group: hidden groups need no alignment.
-        return _packed_groups(rest) + [KVCacheGroup((n,), s) for n, s in hidden.items()]
+        return _packed_groups(rest, sliding_window_as_state=sliding_window_packed_as_state) + [KVCacheGroup((n,), s) for n, s in hidden.items()]
     try:
         unified = unify_page_size(rest)
     except StartupError:
@@ -350,12 +351,13 @@ def approximate_gcd(values: Sequence[int], lower_bound: int = 1) -> int:
     return best
 
 
-def _packed_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
+def _packed_groups(specs: dict[str, LayerSpec], *, sliding_window_as_state: bool = True) -> list[KVCacheGroup]:
     """``_get_packed_kv_cache_groups``: block-outermost layouts keep mixed pages side by side.
 
     Layers are bucketed greedily by uniform type; balanced buckets (equal layer counts per
     page size) split into groups of the same number of pattern repeats; state buckets
-    (Mamba, or sliding windows when nothing repeats) split to fit the widest block.
+    (Mamba, or sliding windows when nothing repeats, unless ``sliding_window_as_state`` is
+    False: 0.29) split to fit the widest block.
     """
     buckets: list[dict[str, LayerSpec]] = []
     for name, spec in specs.items():
@@ -385,7 +387,7 @@ def _packed_groups(specs: dict[str, LayerSpec]) -> list[KVCacheGroup]:
         # kv_cache_planning.is_state_bucket: Mamba and circular buffers go down to one state per group.
         if isinstance(first, MambaSpec) or first.kind is SpecKind.CIRCULAR_BUFFER:
             return True
-        return repeats is None and first.kind is SpecKind.SLIDING_WINDOW
+        return sliding_window_as_state and repeats is None and first.kind is SpecKind.SLIDING_WINDOW
 
     def widest(by_page: dict[int, list[str]], n: int) -> int:
         return sum(-(-len(names) // n) * page for page, names in by_page.items())

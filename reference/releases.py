@@ -354,6 +354,21 @@ FLASHINFER_SM90_REFUSES_SLIDING_WINDOW: tuple[Fact[bool], ...] = (
 )
 """Whether FlashInfer's metadata builder refuses sliding-window layers on SM90."""
 
+SLIDING_WINDOW_PACKED_AS_STATE: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FIRST, False,
+         "vllm/v1/core/kv_cache_utils.py in 0.29.0: _get_packed_kv_cache_groups caps only a Mamba bucket at the "
+         "states the widest block holds ('if anchor_bytes and isinstance(spec.first_spec, MambaSpec)'): with no "
+         "repeating pattern, a sliding-window bucket stays one group of all its layers side by side in each block; "
+         "observed on 0.29.0 (random swa_hybrid cases: one fp8 full layer beside three bf16 window layers under "
+         "BLHNC give two groups and 12,288-byte blocks where 0.30 gives four groups and 4,096)"),
+    Fact((0, 30, 0), True,
+         "vllm/v1/core/kv_cache_utils.py in 0.30.0: is_state_bucket(spec) is true for Mamba and circular buffers, "
+         "and for sliding windows when repeats_per_group is None: such a bucket splits down to the states a block "
+         "already fits"),
+)
+"""Whether a block-outermost sliding-window bucket with no repeating layer pattern is split like a
+state bucket (down to what the widest block fits); before, it stayed one group."""
+
 HIDDEN_STATE_PAGE_GROWS: tuple[Fact[bool], ...] = (
     Fact(GEN2_FIRST, False,
          "vllm/v1/core/kv_cache_utils.py in 0.29.0 has no _ensure_min_page_size: a hidden-state layer whose one token "
@@ -427,6 +442,7 @@ GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
     "a sliding-window layer's block size starts from the primary block size": SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
     "FlashInfer's builder refuses sliding-window layers on SM90": FLASHINFER_SM90_REFUSES_SLIDING_WINDOW,
     "the common page grows to hold a hidden-state token": HIDDEN_STATE_PAGE_GROWS,
+    "a packed sliding-window bucket splits like a state bucket": SLIDING_WINDOW_PACKED_AS_STATE,
     "MRv1's move_row clears the row it vacates": MRV1_MOVE_ROW_CLEARS_SOURCE,
     "block-table rows span a multiple of 128 tokens": BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED,
     "MRv2 frees a step's request slots in request-id order": MRV2_FREES_SLOTS_IN_ID_ORDER,
@@ -556,6 +572,7 @@ __all__ = [
     "MRV2_KERNEL_BLOCKS",
     "MRV2_SLIDING_WINDOW_REACH",
     "SLIDING_WINDOW_BLOCK_FROM_PRIMARY",
+    "SLIDING_WINDOW_PACKED_AS_STATE",
     "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES",
     "PACKED_GROUPS_KEEP_MANAGER_BLOCKS",
     "ReleaseSpan",

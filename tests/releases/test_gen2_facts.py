@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 
 from conformance.diff import compare
+from reference.config import CaseConfig, LayerConfig
 from reference.releases import (HIDDEN_STATE_PAGE_GROWS, PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
-                                STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE, holds)
+                                SLIDING_WINDOW_PACKED_AS_STATE, STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE, holds)
 from suites.named_cases import get_case
 from installed_release import installed_version
 
@@ -24,8 +25,22 @@ CASES_SHOWING = {
                                            ("gqa+draft-attention-backend-b128", "gqa+flex-draft-b48")),
     "SLIDING_WINDOW_BLOCK_FROM_PRIMARY": (SLIDING_WINDOW_BLOCK_FROM_PRIMARY, ("swa-hybrid-padded",)),
     "HIDDEN_STATE_PAGE_GROWS": (HIDDEN_STATE_PAGE_GROWS, ("hidden-states-swa-hybrid",)),
+    "SLIDING_WINDOW_PACKED_AS_STATE": (SLIDING_WINDOW_PACKED_AS_STATE, ("swa-packed-three-windows-blhnc",)),
 }
-"""Per fact, the named cases whose outcome it decides on MRv1 (where both runners differ, MRv1 shows it)."""
+"""Per fact, the cases whose outcome it decides on MRv1 (where both runners differ, MRv1 shows it):
+named cases, or one of ``OWN_CASES``."""
+
+OWN_CASES = {
+    # The ci profile's random-s20261129-295-swa_hybrid, which 0.29 groups differently from 0.30: one
+    # fp8 full-attention layer (2,048-byte pages) and three bf16 window layers (4,096) side by side.
+    "swa-packed-three-windows-blhnc": CaseConfig(
+        "swa-packed-three-windows-blhnc",
+        (LayerConfig("model.layers.0.self_attn.attn", num_kv_heads=1, head_size=64, cache_dtype="fp8"),)
+        + tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind="sliding_window", sliding_window=64,
+                            num_kv_heads=1, head_size=64) for i in (1, 2, 3)),
+        block_size=16, kv_cache_memory_bytes=8 << 20, layout="BLHNC"),
+}
+"""Cases no named case covers, each the smallest form of a random config that showed its fact."""
 
 
 def _params():
@@ -42,7 +57,7 @@ def test_the_releases_own_fact_decides_the_case(fact_name: str, case_name: str) 
     version = installed_version()
     if holds(facts, version) == holds(facts, TARGET_RELEASE):
         pytest.skip(f"vLLM {version} has the target release's {fact_name}: nothing to tell apart")
-    case = get_case(case_name).with_(vllm_version=version)
+    case = (OWN_CASES.get(case_name) or get_case(case_name)).with_(vllm_version=version)
     observation = observe(case, "mrv1")
     assert observation.unsupported is None, observation.unsupported
     by_release = compare(case, "mrv1", observation)
