@@ -344,16 +344,25 @@ def _run_cases(args: argparse.Namespace) -> list:
 
     cases = _select_cases(args.case) if args.case or not args.model else []
     for name in args.model or ():
-        from suites.zoo import load_zoo, to_case
+        from suites.zoo import MLA_BACKEND_FOR, load_zoo, to_case
 
         zoo = load_zoo()
         if name not in zoo:
             raise UsageError(f"unknown model {name!r}; expected one of {', '.join(sorted(zoo))}")
+        fitting = []
         for backend in ("FLASH_ATTN", "FLASHINFER"):
             try:
-                cases.append(to_case(zoo[name], block_size=16, backend=backend).with_(name=f"{name}-{backend.lower()}-b16"))
+                case = to_case(zoo[name], block_size=16, backend=backend).with_(name=f"{name}-{backend.lower()}-b16")
             except ValueError:
-                continue  # the model's heads do not fit that backend (e.g. head size 96 on FlashInfer)
+                continue  # e.g. an MLA model's layers have no sibling of that backend
+            # The selector never gives a layer a backend without kernels for its head size (Phi-3's
+            # 96 on FlashInfer, Gemma 4's 512-wide global layers on FlashAttention): leave that pair out.
+            chosen = {backend, MLA_BACKEND_FOR.get(backend)}  # layers on their own backends are not selected
+            if all(BACKENDS[l.backend].head_sizes.accepts(l.head_size) for l in case.layers if l.backend in chosen):
+                fitting.append(case)
+        if not fitting:
+            raise UsageError(f"model {name!r} fits neither FLASH_ATTN nor FLASHINFER at block 16 (head sizes)")
+        cases += fitting
     samples = PROFILE_SAMPLES[args.profile]
     if samples:
         release = _installed_generation1()

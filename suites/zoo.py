@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from reference.backends import get_backend
 from reference.config import LAYER_OWN_BACKENDS, CaseConfig, LayerConfig, indexer_k_cache_bytes
-from reference.errors import ConfigError
+from reference.errors import ConfigError, NotModeledError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
 ZOO_DIR = Path(__file__).with_name("zoo")
@@ -58,6 +58,8 @@ _DECODER_ONLY = {
     "gemma2",
     "gemma3",
     "gemma3_text",
+    "gemma4",
+    "gemma4_text",
     "gpt_oss",
 }
 _SUPPORTED = _DECODER_ONLY | {"deepseek_v3", "deepseek_v32", "qwen3_next", "nemotron_h", "whisper"}
@@ -95,7 +97,9 @@ class ZooModel:
 
     @property
     def model_dtype(self) -> str:
-        dtype = self.config.get("torch_dtype") or self.text_config.get("torch_dtype")
+        # transformers 5 writes "dtype" where older releases wrote "torch_dtype".
+        dtype = (self.config.get("torch_dtype") or self.text_config.get("torch_dtype") or self.config.get("dtype")
+                 or self.text_config.get("dtype"))
         return _MODEL_DTYPE.get(dtype, "bfloat16")
 
     @property
@@ -142,6 +146,20 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
         notes.append(
             "only the text decoder (text_config), named language_model.model.layers.{i}.self_attn.attn "
             "as Gemma3ForConditionalGeneration registers it; the SigLIP vision tower has no KV cache"
+        )
+    if model_type in ("gemma4", "gemma4_text"):
+        notes.append(
+            "only the text decoder (text_config), named language_model.model.layers.{i}.self_attn.attn "
+            "as Gemma4ForConditionalGeneration registers it; the vision and audio towers have no KV cache"
+        )
+        notes.append(
+            "config.json reconstructed, not fetched (no network here): transformers 5.20.2's Gemma4Config "
+            "defaults, which its docstring gives as similar to google/gemma-4-e2b-it; the vision and audio "
+            "configs left out"
+        )
+        notes.append(
+            "attention_k_eq_v reuses K as V in compute only: Gemma4Attention's Attention keeps both K and V "
+            "slots, so the spec is the plain FullAttentionSpec/SlidingWindowSpec"
         )
     if model_type == "qwen3_next":
         notes.append(
@@ -273,6 +291,31 @@ def _head_dim(text: Mapping[str, Any], heads_key: str = "num_attention_heads", h
     return text.get("head_dim") or text[hidden_key] // text[heads_key]
 
 
+def layer_geometry(text: Mapping[str, Any], model_type: str, index: int) -> tuple[int, int]:
+    """(total KV heads, head size) of decoder layer ``index`` as the model code reads them.
+
+    Gemma 4 (``Gemma4DecoderLayer``: ``config.per_layer_config[layer_idx]``) gives its
+    full-attention layers their own head size and, with ``attention_k_eq_v``, their own KV
+    heads: an explicit ``per_layer_config`` (what transformers writes), else what
+    ``Gemma4TextConfig.__post_init__`` fills in from ``global_head_dim`` (default 512) and
+    ``num_global_key_value_heads``. Every other model: one geometry for all layers.
+    """
+    kv_heads = text.get("num_key_value_heads") or text["num_attention_heads"]
+    head_size = _head_dim(text)
+    if model_type not in ("gemma4", "gemma4_text"):
+        return kv_heads, head_size
+    overrides = text.get("per_layer_config")
+    if overrides is None:
+        types = layer_types(text, model_type) or []
+        override: dict[str, Any] = {"head_dim": text.get("global_head_dim", 512)}
+        if text.get("attention_k_eq_v", True) and text.get("num_global_key_value_heads") is not None:
+            override["num_key_value_heads"] = text["num_global_key_value_heads"]
+        overrides = {i: override for i, t in enumerate(types) if t == "full_attention"}
+    # JSON keys are strings ("05", as transformers writes them), in-memory ones ints.
+    own = {int(k): v for k, v in overrides.items()}.get(index, {})
+    return own.get("num_key_value_heads", kv_heads), own.get("head_dim", head_size)
+
+
 def _attention_backend(backend: str, *, mla: bool) -> str:
     info = get_backend(backend)
     if mla:
@@ -337,14 +380,19 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
     layers: list[LayerConfig] = []
     kv_per_rank = per_rank_kv_heads(model_heads(model), tp)
 
-    def attention(name: str, attn: str, window: int | None = None) -> LayerConfig:
-        """A text-model attention layer at this rank's KV heads (sliding where it has a window)."""
+    def attention(name: str, attn: str, window: int | None = None, index: int | None = None) -> LayerConfig:
+        """A text-model attention layer at this rank's KV heads (sliding where it has a window);
+        ``index``: a decoder layer whose geometry may be its own (``layer_geometry``)."""
+        kv_heads, head_size = kv_per_rank, _head_dim(text)
+        if index is not None:
+            total_kv, head_size = layer_geometry(text, mt, index)
+            kv_heads = per_rank_kv_heads(ModelHeads(total_kv, text["num_attention_heads"]), tp)
         return LayerConfig(
             name,
             kind="sliding_window" if window else "full",
             backend=attn,
-            num_kv_heads=kv_per_rank,
-            head_size=_head_dim(text),
+            num_kv_heads=kv_heads,
+            head_size=head_size,
             cache_dtype=cache_dtype,
             sliding_window=window,
         )
@@ -354,8 +402,14 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
         # Multimodal wrappers build the text model under "language_model" (gemma3_mm.py:
         # init_vllm_registered_model(prefix="language_model") -> Gemma3ForCausalLM's "model").
         prefix = "language_model.model" if "text_config" in model.config else "model"
+        if text.get("num_kv_shared_layers"):
+            # Gemma4Attention: the last num_kv_shared_layers layers read an earlier layer's cache
+            # (Attention(kv_sharing_target_layer_name=...)), which the reference does not model.
+            raise NotModeledError(
+                f"num_kv_shared_layers {text['num_kv_shared_layers']}: layers sharing another layer's KV cache "
+                "(kv_sharing_target_layer_name) are not modeled yet")
         for i, window in enumerate(sliding_windows(text, mt)):
-            layers.append(attention(f"{prefix}.layers.{i}.self_attn.attn", attn, window))
+            layers.append(attention(f"{prefix}.layers.{i}.self_attn.attn", attn, window, index=i))
     elif mt in _DEEPSEEK_MLA:
         mla = _attention_backend(backend, mla=True)
         width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
@@ -505,6 +559,7 @@ __all__ = [
     "ZooModel",
     "model_heads",
     "hybrid_block_size",
+    "layer_geometry",
     "layer_types",
     "sliding_windows",
     "load_zoo",

@@ -236,6 +236,18 @@ def test_run_filters_by_backend_and_model() -> None:
     assert [r["case"] for r in json.loads(zoo.stdout)["results"]] == ["llama3-8b-flash_attn-b16", "llama3-8b-flashinfer-b16"]
 
 
+@pytest.mark.parametrize(("model", "cases"), [
+    ("phi-3-mini-4k", ["phi-3-mini-4k-flash_attn-b16"]),  # head size 96: no FlashInfer kernels
+    ("gemma4-e2b", ["gemma4-e2b-flashinfer-b16"]),  # 512-wide global layers: no FlashAttention kernels
+])
+def test_run_model_leaves_out_a_backend_without_kernels_for_its_heads(model: str, cases: list[str]) -> None:
+    """``--model`` takes each of its two backends that has kernels for every layer's head size, as
+    vLLM's selector would: the other is left out, not reported as an invalid case (exit 4)."""
+    out = kvconform("run", "--reference-only", "--model", model, "--json", "-")
+    assert out.returncode == 0, out.stderr
+    assert [r["case"] for r in json.loads(out.stdout)["results"]] == cases
+
+
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [

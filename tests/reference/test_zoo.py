@@ -8,6 +8,7 @@ documented error listed in ``EXPECTED_ERRORS``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -36,6 +37,12 @@ EXPECTED_ERRORS = {
         "ENCODER_DECODER not supported",
         "FlashInfer does not support cross attention (FlashInferBackend.supports_attn_type; "
         "FlashInferImpl raises for it): the platform never selects it for Whisper's encoder_attn layers",
+    ),
+    ("gemma4-e2b", "FLASH_ATTN", 16): (
+        ConfigError,
+        "head size 512 is not supported by FLASH_ATTN",
+        "Gemma 4's full-attention layers are 512 wide (global_head_dim); FlashAttentionBackend.supports_head_size "
+        "takes at most 256, so the platform's selector never gives those layers FLASH_ATTN",
     ),
     ("phi-3-mini-4k", "FLASHINFER", 128): (
         ConfigError,
@@ -176,6 +183,28 @@ def test_gemma3_five_local_one_global() -> None:
     d = derive(case)
     # 40 local + 8 global layers: one full-attention group and five sliding-window groups of 8.
     assert sorted(len(g.layer_names) for g in d.groups) == [8] * 6
+
+
+def test_gemma4_global_layers_are_512_wide() -> None:
+    """Gemma 4: five local then one global layer, the global ones with their own 512-wide heads
+    (per_layer_config), so two page sizes: the local groups' blocks are scaled to the global page."""
+    case = _case("gemma4-e2b", "FLASHINFER", 128, layout="LBNHC")
+    assert [i for i, l in enumerate(case.layers) if l.kind == "full"] == [5, 11, 17, 23, 29]
+    assert {(l.kind, l.num_kv_heads, l.head_size) for l in case.layers} == {("sliding_window", 4, 256), ("full", 4, 512)}
+    assert {l.sliding_window for l in case.layers if l.kind == "sliding_window"} == {512}
+    assert case.layers[0].name == "language_model.model.layers.0.self_attn.attn"
+    d = derive(case)
+    assert sorted(len(g.layer_names) for g in d.groups) == [5] * 6
+    assert len({g.spec.page_size_bytes for g in d.groups}) == 1
+
+
+def test_zoo_refuses_kv_shared_layers_as_not_modeled() -> None:
+    """Gemma 4's num_kv_shared_layers (layers reading an earlier layer's cache) is valid for vLLM
+    but outside the reference: one NotModeledError naming the value, not a wrong case."""
+    model = ZOO["gemma4-e2b"]
+    shared = dataclasses.replace(model, config=dict(model.config, text_config=dict(model.text_config, num_kv_shared_layers=10)))
+    with pytest.raises(NotModeledError, match="num_kv_shared_layers 10"):
+        to_case(shared, block_size=16, backend="TRITON_ATTN")
 
 
 def test_gemma2_alternates_local_first() -> None:

@@ -118,8 +118,9 @@ def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache
         # The reference refuses it as the backend selector would: check vLLM's backend agrees.
         from gpu_impl.vllm_cpu import shims
 
-        layer = case.layers[0]
         assert "head size" in str(exc), exc
+        # The layer the reference names (Gemma 4's full layers have a head size of their own).
+        (layer,) = [l for l in case.layers if f"layer {l.name!r}:" in str(exc)]
         assert not shims.backend_class(layer.backend).supports_head_size(layer.head_size), exc
         return
     except NotModeledError as exc:
@@ -193,6 +194,39 @@ def test_zoo_reads_configs_like_transformers(name) -> None:
     if model.model_type == "qwen3_next":
         return
     assert sliding_windows(model.text_config, model.model_type) == vllm_windows
+
+
+def _gemma4_variants():
+    """The zoo's Gemma 4 file as written (an explicit per_layer_config), and the same text config
+    in the Hub's other form: per_layer_config left for transformers to fill in from
+    global_head_dim / num_global_key_value_heads (K=V global layers with 2 KV heads of 384)."""
+    for name in sorted(ZOO):
+        model = ZOO[name]
+        if model.model_type not in ("gemma4", "gemma4_text"):
+            continue
+        yield pytest.param(dict(model.config), id=f"{name}-as-written")
+        text = {k: v for k, v in model.text_config.items() if k != "per_layer_config"}
+        text.update(attention_k_eq_v=True, num_global_key_value_heads=2, global_head_dim=384)
+        yield pytest.param(dict(model.config, text_config=text), id=f"{name}-global-fields")
+
+
+@pytest.mark.parametrize("config", list(_gemma4_variants()))
+def test_gemma4_layer_geometry_is_what_its_decoder_layers_read(config) -> None:
+    """Per decoder layer, the KV heads and head size the zoo gives equal what vLLM's
+    ``Gemma4DecoderLayer`` reads: ``config.per_layer_config[layer_idx]`` of the config
+    transformers parses (model_executor/models/gemma4.py)."""
+    transformers = pytest.importorskip("transformers")
+    from suites.zoo import layer_geometry
+
+    raw = {k: v for k, v in config.items() if k != "model_type"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parsed = transformers.AutoConfig.for_model(config["model_type"], **raw).get_text_config()
+    text = config["text_config"]
+    wanted = [(parsed.per_layer_config[i].num_key_value_heads, parsed.per_layer_config[i].head_dim)
+              for i in range(parsed.num_hidden_layers)]
+    assert [layer_geometry(text, text["model_type"], i) for i in range(parsed.num_hidden_layers)] == wanted
+    assert len(set(wanted)) == 2  # the global layers differ from the local ones
 
 
 @pytest.mark.parametrize("backend, block_size, layout", COMBOS, ids=[f"{b}-b{s}-{l}" for b, s, l in COMBOS])
