@@ -137,6 +137,12 @@ class BackendInfo:
     power_of_two_builder_blocks: bool = False
     """The metadata builder refuses a block size that is not a power of 2 (FLEX_ATTENTION:
     ``FlexAttentionMetadataBuilder._get_block_sizes``, ``flex_attn_kv_block_size``)."""
+    pooled_kernel_states: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+    """For a spec storing one state per ``tokens_per_state`` > 1 tokens: the kernel pages in states
+    by capability majors ((majors, states); empty majors: any other), scaled to tokens by the spec.
+    GLM-5-next's ``Glm5NextIndexerBackend`` (same name as DeepSeek V3.2's, which its layer class
+    picks for a pooled cache): ``index_kpool * n`` for n in DeepGEMM's paged-MQA page sizes
+    (``utils/deep_gemm.py: get_paged_mqa_page_sizes``: 32 and 64, only 64 on SM120)."""
 
     @property
     def returns_lse(self) -> bool:
@@ -160,6 +166,10 @@ class BackendInfo:
     def supported_kernel_block_sizes(
         self, spec: AttentionSpec | None = None, capability: tuple[int, int] = (9, 0), gqa: bool = True
     ) -> tuple[KernelBlockSize, ...]:
+        if spec is not None and spec.tokens_per_state > 1 and self.pooled_kernel_states:
+            for majors, states in self.pooled_kernel_states:
+                if not majors or capability[0] in majors:
+                    return tuple(spec.tokens_per_state * n for n in states)
         v = self._variant(spec, capability, gqa)
         if v is not None and v.kernel_block_sizes is not None:
             return v.kernel_block_sizes
@@ -344,6 +354,7 @@ BACKENDS: dict[str, BackendInfo] = {
             "DEEPSEEK_V32_INDEXER",
             "v1/attention/backends/mla/indexer.py",
             (64,),
+            pooled_kernel_states=(((12,), (64,)), ((), (32, 64))),
             head_sizes=HeadSizes(values=(32, 64, 128)),
             kv_cache_dtypes=("auto",),
             packing=Packing.MLA_LATENT,

@@ -34,7 +34,9 @@ LAYER_KINDS = (
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
 tokens), ``prefix_lm`` is ``PrefillPrefixLMAttention`` (a non-causal ``FullAttentionSpec``),
 ``mla_indexer`` is DeepSeek V3.2's ``DeepseekV32IndexerCache`` (an ``MLAAttentionSpec`` in the
-indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 scales),
+indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 scales), or with
+``index_kpool`` GLM-5-next's ``Glm5NextIndexerCache`` (the same spec storing one state per
+``index_kpool`` tokens: ``tokens_per_state``),
 ``hidden_state`` is ``extract_hidden_states``' ``CacheOnlyAttentionLayer`` (``HiddenStateCacheSpec``:
 ``num_kv_heads`` captured layers of ``head_size`` = the hidden size, in the model dtype),
 ``circular_buffer`` is GLM-5-next's ``Glm5NextTailCache`` (``CircularBufferSpec``: one ring block per
@@ -116,7 +118,8 @@ class LayerConfig:
     rswa_window: int | None = None
     """``RSWAAttention(rswa_window=...)``: the generated tokens an R-SWA layer keeps (kind ``rswa``)."""
     index_kpool: int | None = None
-    """``Glm5NextTailCache(index_kpool=...)``: tokens per compressed key pool, > 1 (kind ``circular_buffer``)."""
+    """Tokens per compressed key pool, > 1: ``Glm5NextTailCache(index_kpool=...)`` (kind ``circular_buffer``,
+    required) or ``Glm5NextIndexerCache(index_kpool=...)`` (kind ``mla_indexer``: the pooled indexer cache)."""
     mamba_shapes: tuple[tuple[int, ...], ...] = ()
     mamba_dtypes: tuple[str, ...] = ()
     is_draft: bool = False
@@ -164,8 +167,12 @@ class LayerConfig:
         if self.kind == "circular_buffer" and (self.index_kpool or 0) < 2:
             raise ConfigError(f"layer {self.name!r}: kind 'circular_buffer' needs index_kpool >= 2 "
                               f"(Glm5NextTailCache asserts index_kpool > 1), got {self.index_kpool!r}")
-        if self.index_kpool is not None and self.kind != "circular_buffer":
-            raise ConfigError(f"layer {self.name!r}: index_kpool {self.index_kpool!r} is only for kind 'circular_buffer', not {self.kind!r}")
+        if self.index_kpool is not None and self.kind not in ("circular_buffer", "mla_indexer"):
+            raise ConfigError(f"layer {self.name!r}: index_kpool {self.index_kpool!r} is only for kinds 'circular_buffer' "
+                              f"and 'mla_indexer', not {self.kind!r}")
+        if self.kind == "mla_indexer" and self.index_kpool is not None and self.index_kpool < 2:
+            raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' with index_kpool needs index_kpool >= 2 "
+                              f"(Glm5NextIndexerCache asserts index_kpool > 1), got {self.index_kpool!r}")
         if self.kind == "circular_buffer" and self.cache_dtype != "auto":
             raise ConfigError(f"layer {self.name!r}: kind 'circular_buffer' stores bf16 whatever the cache dtype "
                               f"(Glm5NextTailCache); cache_dtype {self.cache_dtype!r} must be 'auto'")

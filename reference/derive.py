@@ -276,6 +276,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         return AttentionSpec(
             kind=kind, block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size, head_size_v=0,
             dtype="uint8", cache_role="indexer", max_tp_shards=1, is_draft=layer.is_draft,
+            # Glm5NextIndexerCache.get_kv_cache_spec: replace(spec, tokens_per_state=index_kpool).
+            tokens_per_state=layer.index_kpool or 1,
         )
     if layer.kind == "circular_buffer":
         return _kpool_tail_spec(case, layer)

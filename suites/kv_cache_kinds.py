@@ -144,7 +144,11 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("models/deepseek_v41/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV4),
     _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", why=_DSV4),
     _layer("models/dots3_note/nvidia/model.py", "Dots3NotePaddedMLAAttention", "MLAAttentionSpec (via MLAAttention)", why=_FAMILY),
-    _layer("models/glm5next/common/attention.py", "Glm5NextIndexerCache", "MLAAttentionSpec (via DeepseekV32IndexerCache)", why=_FAMILY),
+    _layer("models/glm5next/common/attention.py", "Glm5NextIndexerCache",
+           "MLAAttentionSpec (via DeepseekV32IndexerCache, tokens_per_state = index_kpool)", "mla_indexer",
+           "glm5next-caches-b128", "yes", True,
+           "kind mla_indexer with index_kpool: one 132-byte state per kpool tokens; its Glm5NextIndexerBackend "
+           "(named DEEPSEEK_V32_INDEXER) takes 32- or 64-state kernel pages (only 64 on SM120)"),
     _layer("models/glm5next/common/attention.py", "Glm5NextTailCache", "CircularBufferSpec", "circular_buffer",
            "kpool-tail-b64", "yes", True, "GLM-5-next's kpool tail ring on its own KPOOL_TAIL backend (BLHNC only); "
            "MRv1 computes a slot mapping for it anyway (expectation mrv1-ring-slot-mapping-reads-past-row)"),

@@ -37,16 +37,21 @@ def mla_with_indexer_caches(n: int, mla_backend: str) -> tuple[LayerConfig, ...]
     )
 
 
-def mla_with_kpool_tails(n: int, mla_backend: str, index_kpool: int = 4) -> tuple[LayerConfig, ...]:
-    """GLM-5-next's layers as far as they are modeled: per layer an MLA latent cache and its
-    indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``), named as the
-    model registers them (also the sampler's ``kpool_tail`` family). The indexer's compressed K
-    cache (``Glm5NextIndexerCache``, ``tokens_per_state`` = the kpool) is not modeled yet."""
+def mla_with_kpool_tails(n: int, mla_backend: str, index_kpool: int = 4, *,
+                         pooled_indexer: bool = False) -> tuple[LayerConfig, ...]:
+    """GLM-5-next's layers: per layer an MLA latent cache and its indexer's kpool tail ring
+    (``Glm5NextTailCache``, a ``CircularBufferSpec``), named as the model registers them (also the
+    sampler's ``kpool_tail`` family); ``pooled_indexer`` adds the indexer's compressed K cache between
+    them (``Glm5NextIndexerCache``: kind ``mla_indexer`` with ``index_kpool``, one state per kpool
+    tokens, as models/glm5next/common/attention.py's Indexer builds it)."""
     return tuple(
         layer
         for i in range(n)
         for layer in (
             LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend=mla_backend, head_size=576),
+            *((LayerConfig(f"model.layers.{i}.self_attn.indexer.k_cache", kind="mla_indexer",
+                           backend=LAYER_OWN_BACKENDS["mla_indexer"][0], head_size=indexer_k_cache_bytes(128),
+                           index_kpool=index_kpool),) if pooled_indexer else ()),
             LayerConfig(f"model.layers.{i}.self_attn.indexer.tail_cache", kind="circular_buffer",
                         backend=LAYER_OWN_BACKENDS["circular_buffer"][0], head_size=128, index_kpool=index_kpool),
         )
@@ -399,6 +404,33 @@ def _build() -> dict[str, CaseConfig]:
             num_blocks=4,
             note="The same model on TRITON_MLA (any multiple of 16): no kernel split, an 8-token ring beside "
             "128-token MLA blocks.",
+        ),
+        CaseConfig(
+            "glm5next-caches-b128",
+            mla_with_kpool_tails(2, "TRITON_MLA", index_kpool=4, pooled_indexer=True),
+            block_size=128,
+            num_blocks=4,
+            note="GLM-5-next's three caches per layer: MLA, the indexer's compressed K cache (Glm5NextIndexerCache: "
+            "an indexer MLAAttentionSpec with tokens_per_state = the 4-token kpool, so a 128-token block holds 32 "
+            "states of 132 bytes) and the kpool tail ring. Its backend (Glm5NextIndexerBackend) takes 32- or "
+            "64-state kernel pages, 128 or 256 tokens here: the block is not split.",
+        ),
+        CaseConfig(
+            "glm5next-caches-b64-refused",
+            mla_with_kpool_tails(2, "TRITON_MLA", index_kpool=4, pooled_indexer=True),
+            block_size=64,
+            num_blocks=8,
+            note="glm5next-caches-b128 at block 64: the pooled indexer's smallest kernel page is 32 states of 4 "
+            "tokens, 128 tokens, which a 64-token block cannot hold (No common block size).",
+        ),
+        CaseConfig(
+            "glm5next-caches-b256-sm120",
+            mla_with_kpool_tails(2, "TRITON_MLA", index_kpool=4, pooled_indexer=True),
+            block_size=256,
+            num_blocks=4,
+            capability=(12, 0),
+            note="On SM120 DeepGEMM's paged-MQA kernels take only 64-state pages (utils/deep_gemm.py: "
+            "get_paged_mqa_page_sizes), 256 tokens at a 4-token kpool: block 256 fits, block 128 would not.",
         ),
         CaseConfig(
             "kpool-tail-ring-refused",

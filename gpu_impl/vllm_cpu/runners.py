@@ -238,6 +238,13 @@ def _build_layer(layer, cache_config, vc):
                 # which takes its own sliding_window too.
                 **({"sliding_window": layer.sliding_window} if kind == "sliding_window_mla" else {}),
             )
+    if kind == "mla_indexer" and layer.index_kpool is not None:
+        import torch
+        Glm5NextIndexerCache = _own_layer_class(layer, "vllm.models.glm5next.common.attention", "Glm5NextIndexerCache")
+        # As GLM-5-next's Indexer builds it (models/glm5next/common/attention.py): uint8 (fp8 keys
+        # + fp32 scales), one state per index_kpool tokens (its get_kv_cache_spec: tokens_per_state).
+        return Glm5NextIndexerCache(head_dim=layer.head_size, dtype=torch.uint8, prefix=layer.name,
+                                    cache_config=layer_cache, index_kpool=layer.index_kpool)
     if kind == "mla_indexer":
         import torch
         DeepseekV32IndexerCache = _own_layer_class(layer, "vllm.model_executor.models.deepseek_v2", "DeepseekV32IndexerCache")
