@@ -361,6 +361,15 @@ BACKENDS: dict[str, BackendInfo] = {
             is_mla=True,
         ),
         BackendInfo(
+            "MINIMAX_M3_SPARSE_INDEXER",
+            "models/minimax_m3/common/indexer.py",
+            (128,),
+            head_sizes=HeadSizes(values=(128,)),
+            kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+        ),
+        BackendInfo(
             "KPOOL_TAIL",
             "v1/attention/backends/mla/indexer.py",
             (MultipleOf(1),),

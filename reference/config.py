@@ -29,6 +29,7 @@ LAYER_KINDS = (
     "mla_indexer",
     "hidden_state",
     "circular_buffer",
+    "minimax_indexer",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
@@ -41,12 +42,20 @@ indexer role: ``head_size`` bytes of uint8 per token, fp8 keys and their fp32 sc
 ``num_kv_heads`` captured layers of ``head_size`` = the hidden size, in the model dtype),
 ``circular_buffer`` is GLM-5-next's ``Glm5NextTailCache`` (``CircularBufferSpec``: one ring block per
 request of ``index_kpool`` x next_power_of_2(ceil((index_kpool + drafts) / index_kpool)) tokens, raw bf16
-key and gate score of ``head_size`` each, no slot mapping)."""
+key and gate score of ``head_size`` each, no slot mapping), ``minimax_indexer`` is MiniMax M3's
+``MiniMaxM3IndexerCache`` (an ``MLAAttentionSpec`` in the indexer role: one key-only index vector of
+``head_size`` per token, bf16 or, with an fp8 cache dtype, fp8 e4m3, on its own
+``MINIMAX_M3_SPARSE_INDEXER`` backend)."""
+
+MINIMAX_INDEXER_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+"""``MiniMaxM3IndexerCache``'s ``indexer_kv_dtype`` as cases set it: ``auto`` is its bf16 cache, an fp8
+cache dtype its ``fp8`` (``torch.float8_e4m3fn``); it raises for any other."""
 
 LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
     "mla_indexer": ("DEEPSEEK_V32_INDEXER", "DeepseekV32IndexerCache"),
     "hidden_state": ("CACHE_ONLY_ATTN", "CacheOnlyAttentionLayer"),
     "circular_buffer": ("KPOOL_TAIL", "Glm5NextTailCache"),
+    "minimax_indexer": ("MINIMAX_M3_SPARSE_INDEXER", "MiniMaxM3IndexerCache"),
 }
 """Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
 selector validation): kind -> (backend, layer class)."""
@@ -180,6 +189,9 @@ class LayerConfig:
             backend, layer_class = LAYER_OWN_BACKENDS[self.kind]
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} runs on {backend} "
                               f"({layer_class} names it), not {self.backend!r}")
+        if self.kind == "minimax_indexer" and self.cache_dtype not in MINIMAX_INDEXER_CACHE_DTYPES:
+            raise ConfigError(f"layer {self.name!r}: kind 'minimax_indexer' cache_dtype {self.cache_dtype!r} must be one of "
+                              f"{', '.join(MINIMAX_INDEXER_CACHE_DTYPES)} (MiniMaxM3IndexerCache stores bf16 or fp8 e4m3)")
         if self.kind == "mla_indexer" and self.cache_dtype != "auto":
             raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' stores uint8 whatever the cache dtype "
                               f"(fp8 keys and fp32 scales); cache_dtype {self.cache_dtype!r} must be 'auto'")

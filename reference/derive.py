@@ -41,6 +41,7 @@ _KIND = {
     "mla_indexer": SpecKind.MLA,
     "hidden_state": SpecKind.HIDDEN_STATE,
     "circular_buffer": SpecKind.CIRCULAR_BUFFER,
+    "minimax_indexer": SpecKind.MLA,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -278,6 +279,14 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             dtype="uint8", cache_role="indexer", max_tp_shards=1, is_draft=layer.is_draft,
             # Glm5NextIndexerCache.get_kv_cache_spec: replace(spec, tokens_per_state=index_kpool).
             tokens_per_state=layer.index_kpool or 1,
+        )
+    if layer.kind == "minimax_indexer":
+        # MiniMaxM3IndexerCache.get_kv_cache_spec: one key-only vector per token, bf16 or fp8 e4m3
+        # (its own dtype, not the cache's storage: no cache_dtype_str), the indexer role, TP-sharded.
+        return AttentionSpec(
+            kind=kind, block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size, head_size_v=0,
+            dtype="bfloat16" if layer.cache_dtype == "auto" else "float8_e4m3fn", cache_role="indexer",
+            is_draft=layer.is_draft,
         )
     if layer.kind == "circular_buffer":
         return _kpool_tail_spec(case, layer)
@@ -548,7 +557,7 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
         raise NotModeledError("KV connectors under DCP are checked by VllmConfig validation, not modeled")
 
 
-_LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer")
+_LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer", "minimax_indexer")
 """Layer kinds with no attention ``impl`` (state-space mixers, DeepSeek V3.2's indexer cache, GLM-5-next's
 tail ring: caches written by other modules' kernels), which ``check_attention_cp_compatibility`` skips."""
 

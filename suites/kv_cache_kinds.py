@@ -161,7 +161,10 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", why=_FAMILY),
     _layer("models/kimi_k3/nvidia/mla.py", "MultiHeadLatentAttention", "MLAAttentionSpec", why=_FAMILY),
     _layer("models/minimax_m3/amd/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
-    _layer("models/minimax_m3/common/indexer.py", "MiniMaxM3IndexerCache", "MLAAttentionSpec (indexer)", why=_FAMILY),
+    _layer("models/minimax_m3/common/indexer.py", "MiniMaxM3IndexerCache", "MLAAttentionSpec (indexer)",
+           "minimax_indexer", "minimax-m3-indexer-b128", "yes", True,
+           "MiniMax M3's key-only lightning-indexer cache (bf16, or fp8 e4m3) on its own MINIMAX_M3_SPARSE_INDEXER "
+           "backend (128-token kernel pages); the sparse attention layer beside it is built as vLLM's Attention"),
     _layer("models/minimax_m3/nvidia/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
     _layer("models/qwen4_exp/amd/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
     _layer("models/qwen4_exp/common/qsa_cache.py", "QSAKeyStateCache", "CircularBufferSpec", why=_FAMILY),

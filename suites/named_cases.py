@@ -58,6 +58,22 @@ def mla_with_kpool_tails(n: int, mla_backend: str, index_kpool: int = 4, *,
     )
 
 
+def attention_with_minimax_indexers(n: int, backend: str, *, index_cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
+    """MiniMax M3's layers as far as they are modeled: per layer a GQA attention cache (built as vLLM's
+    Attention: MiniMaxM3SparseAttention's own block-sparse impl is not driven) and its lightning
+    indexer's key-only side cache (``MiniMaxM3IndexerCache``, kind ``minimax_indexer``), named as
+    ``MiniMaxM3Indexer(prefix=layer_name)`` registers it (``{layer_name}.index_cache``)."""
+    return tuple(
+        layer
+        for i in range(n)
+        for layer in (
+            LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=4, head_size=128),
+            LayerConfig(f"model.layers.{i}.self_attn.attn.index_cache", kind="minimax_indexer",
+                        backend=LAYER_OWN_BACKENDS["minimax_indexer"][0], head_size=128, cache_dtype=index_cache_dtype),
+        )
+    )
+
+
 def _attention_and_mamba(*, num_kv_heads: int, mamba_layers: int, mamba_shapes: tuple[tuple[int, ...], ...]) -> tuple[LayerConfig, ...]:
     """Two attention layers (head size 64) then ``mamba_layers`` Mamba-2 mixers."""
     mixers = tuple(
@@ -431,6 +447,40 @@ def _build() -> dict[str, CaseConfig]:
             capability=(12, 0),
             note="On SM120 DeepGEMM's paged-MQA kernels take only 64-state pages (utils/deep_gemm.py: "
             "get_paged_mqa_page_sizes), 256 tokens at a 4-token kpool: block 256 fits, block 128 would not.",
+        ),
+        CaseConfig(
+            "minimax-m3-indexer-b128",
+            attention_with_minimax_indexers(2, "FLASH_ATTN"),
+            block_size=128,
+            num_blocks=4,
+            note="MiniMax M3: per layer a GQA attention cache and its lightning indexer's key-only side cache "
+            "(MiniMaxM3IndexerCache: an indexer MLAAttentionSpec, one bf16 vector of 128 per token) on its own "
+            "MINIMAX_M3_SPARSE_INDEXER backend, whose kernels page 128 tokens. An MLAAttentionSpec is a "
+            "FullAttentionSpec, so all four layers form one uniform-type group whose block holds both pages.",
+        ),
+        CaseConfig(
+            "minimax-m3-indexer-b64-refused",
+            attention_with_minimax_indexers(2, "FLASH_ATTN"),
+            block_size=64,
+            num_blocks=8,
+            note="minimax-m3-indexer-b128 at block 64: the indexer backend's only kernel page is 128 tokens.",
+        ),
+        CaseConfig(
+            "minimax-m3-indexer-fp8-b256",
+            attention_with_minimax_indexers(2, "FLASH_ATTN", index_cache_dtype="fp8"),
+            block_size=256,
+            num_blocks=4,
+            note="An fp8 index cache (indexer_kv_dtype fp8: float8_e4m3fn, one byte per element) beside bf16 "
+            "FlashAttention layers at block 256: the indexer's 128-token kernel pages split every block in two, "
+            "for both backends of the group.",
+        ),
+        CaseConfig(
+            "minimax-m3-indexer-flashinfer-refused",
+            attention_with_minimax_indexers(2, "FLASHINFER"),
+            block_size=128,
+            num_blocks=4,
+            note="Beside FlashInfer (16, 32 or 64-token kernel pages) the indexer's only 128-token page leaves no "
+            "common kernel block size: vLLM refuses (No common block size).",
         ),
         CaseConfig(
             "kpool-tail-ring-refused",

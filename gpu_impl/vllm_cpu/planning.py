@@ -118,6 +118,8 @@ class _ModelConfigStandIn:
     - ``use_mla``: NIXL/Mooncake drop their LBHNC preference for MLA models.
     - ``hf_text_config`` (no ``attn_logit_softcapping``), ``is_mm_prefix_lm``,
       ``rswa_window``: FA4's hd256 fallback checks (``_fa4_hd256_fallback_reason``).
+    - ``hf_config.sparse_attention_config``: MiniMax M3's indexer builder reads its index-query
+      head count there (queries only, not the layout).
     """
 
     supports_kv_cache_grouping = False
@@ -145,6 +147,11 @@ class _ModelConfigStandIn:
                                                   qk_rope_head_dim=MLA_ROPE_DIM, qk_nope_head_dim=MLA_NOPE_DIM,
                                                   v_head_dim=MLA_NOPE_DIM)
         self.hf_config = SimpleNamespace(model_type="kvconform-case")
+        if any(l.kind == "minimax_indexer" for l in case.layers):
+            # MiniMax M3's indexer metadata builder reads its index-query head count off the model's
+            # sparse_attention_config: queries only (the cache keeps one key vector per token), so any
+            # count the TP size divides; the case does not carry one.
+            self.hf_config.sparse_attention_config = {"sparse_num_index_heads": 4 * max(case.tensor_parallel_size, 1)}
         self.architectures: list[str] = []  # no model class (0.22's init_model_state looks for Whisper)
         self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
 

@@ -251,6 +251,12 @@ def _build_layer(layer, cache_config, vc):
         # As DeepSeek V3.2's Indexer builds it: uint8 (fp8 keys + fp32 scales), its own backend.
         return DeepseekV32IndexerCache(head_dim=layer.head_size, dtype=torch.uint8, prefix=layer.name,
                                        cache_config=layer_cache)
+    if kind == "minimax_indexer":
+        MiniMaxM3IndexerCache = _own_layer_class(layer, "vllm.models.minimax_m3.common.indexer", "MiniMaxM3IndexerCache")
+        # As MiniMaxM3Indexer builds it (models/minimax_m3/common/indexer.py): its indexer_kv_dtype is
+        # bf16 unless the index cache is fp8 (attention_config.resolve_indexer_kv_dtype).
+        return MiniMaxM3IndexerCache(head_dim=layer.head_size, prefix=layer.name, cache_config=layer_cache,
+                                     indexer_kv_dtype="bf16" if layer.cache_dtype == "auto" else "fp8")
     if kind == "circular_buffer":
         import torch
         Glm5NextTailCache = _own_layer_class(layer, "vllm.models.glm5next.common.attention", "Glm5NextTailCache")
@@ -658,7 +664,8 @@ def same_storage(a, b) -> bool:
 @contextlib.contextmanager
 def initialisation_environment(case) -> Iterator[None]:
     """What a runner's initialize_kv_cache reads from the process besides its config."""
-    with shims.single_pipeline_stage(), shims.decode_context_parallel_group(case.decode_context_parallel_size):
+    with shims.single_pipeline_stage(), shims.decode_context_parallel_group(case.decode_context_parallel_size), \
+            shims.tensor_parallel_group(case.tensor_parallel_size):
         yield
 
 

@@ -466,6 +466,21 @@ def single_pipeline_stage() -> Iterator[None]:
         ps._PP = saved
 
 
+@contextlib.contextmanager
+def tensor_parallel_group(world_size: int) -> Iterator[None]:
+    """vLLM's tensor-parallel process group as rank 0 of ``world_size`` where none is initialised
+    (no torch.distributed here): MiniMax M3's indexer metadata builder divides its index heads by it."""
+    import vllm.distributed.parallel_state as ps
+
+    saved = getattr(ps, "_TP", None)
+    if saved is None:
+        ps._TP = _RankZeroGroup(max(world_size, 1))
+    try:
+        yield
+    finally:
+        ps._TP = saved
+
+
 def _patch_mla_kernel_checks() -> None:
     # FlashMLA and FlashAttention-MLA impls assert at construction that their compiled
     # kernels load on this GPU (vllm._flashmla_C, FA3 MLA); the virtual target has them.
@@ -624,6 +639,7 @@ _IMPORT_SHIMS = {"CUTLASS_MLA": _cutlass_mla_import, "FLASH_ATTN_MLA": _flash_at
 
 LAYER_OWNED_BACKENDS = {
     "DEEPSEEK_V32_INDEXER": ("vllm.v1.attention.backends.mla.indexer", "DeepseekV32IndexerBackend"),
+    "MINIMAX_M3_SPARSE_INDEXER": ("vllm.models.minimax_m3.common.indexer", "MiniMaxM3IndexerBackend"),
     "KPOOL_TAIL": ("vllm.v1.attention.backends.mla.indexer", "KpoolTailBackend"),
     "CACHE_ONLY_ATTN": ("vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionBackend"),
 }
@@ -682,6 +698,7 @@ __all__ = [
     "current_capability",
     "declared_autoselection",
     "single_pipeline_stage",
+    "tensor_parallel_group",
     "decode_context_parallel_group",
     "fake_capability",
     "prepare_env",
