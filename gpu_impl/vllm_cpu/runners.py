@@ -163,16 +163,23 @@ def _constructing(layer) -> Iterator[None]:
         yield
 
 
+_IMPORT_FAILURES: dict[str, str] = {}
+"""Modules that failed to import in this process, with why. A failed import leaves the package's
+other submodules in ``sys.modules``, so a second attempt can succeed without the part that failed
+(seen on 0.30.0 without torchvision): every later case gets the first answer."""
+
+
 def _own_layer_class(layer, module: str, name: str):
     """A kind's own vLLM layer class, imported when a case has that kind: a vLLM without it (an
     older release, or a venv missing what the module imports, e.g. torchvision) makes only the
     cases with that kind unsupported, with the reason, not the whole driver."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except Exception as exc:  # noqa: BLE001 - any failure to import is "this vLLM cannot build it"
-        detail = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-        raise RunnerUnavailable(f"layer {layer.name!r}: kind {layer.kind!r} is built as {module}.{name}, "
-                                f"which does not import here ({detail})") from None
+    if module not in _IMPORT_FAILURES:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except Exception as exc:  # noqa: BLE001 - any failure to import is "this vLLM cannot build it"
+            _IMPORT_FAILURES[module] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    raise RunnerUnavailable(f"layer {layer.name!r}: kind {layer.kind!r} is built as {module}.{name}, "
+                            f"which does not import here ({_IMPORT_FAILURES[module]})")
 
 
 def _build_layer(layer, cache_config, vc):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpu_impl.vllm_cpu import planning, shims
 from reference.config import CaseConfig, LayerConfig, uniform_layers
 
@@ -67,3 +69,28 @@ def test_replay_cli_prints_the_observation(capsys):
     assert out["case_name"] == "driver" and out["runner"] == "mrv2"
     assert out["kernel_block_sizes"] == [32]
     assert set(out["registered"]) == {layer.name for layer in case.layers}
+
+
+def test_a_layer_module_that_failed_to_import_stays_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed import leaves sibling submodules behind, so a retry can succeed without the part
+    that failed (0.30.0 without torchvision): the driver keeps the first answer for every case."""
+    import importlib
+
+    from gpu_impl.vllm_cpu import runners
+    from reference.config import LayerConfig
+
+    attempts = []
+
+    def import_module(name: str):
+        attempts.append(name)
+        if len(attempts) == 1:
+            raise ModuleNotFoundError("No module named 'torchvision'")
+        return importlib.import_module("types")
+
+    monkeypatch.setattr(runners.importlib, "import_module", import_module)
+    monkeypatch.setattr(runners, "_IMPORT_FAILURES", {})
+    layer = LayerConfig("x", kind="full", backend="FLASH_ATTN")
+    for _ in range(2):
+        with pytest.raises(runners.RunnerUnavailable, match="does not import here .ModuleNotFoundError: No module named 'torchvision'"):
+            runners._own_layer_class(layer, "kvconform.test.module", "SimpleNamespace")
+    assert attempts == ["kvconform.test.module"]
