@@ -510,7 +510,7 @@ def _print_fidelity(fidelities: dict[tuple[str, str], int]) -> None:
         line = f"  {runner.upper()}: {own} case(s) through the runner's own initialize_kv_cache"
         if methods:
             line += (f", {methods} generation-1 case(s) through the runner's own allocate/reshape functions "
-                     "(specs from the case; fidelity_reason in the JSON report)")
+                     "(stand-in layers; fidelity_reason in the JSON report)")
         if before:
             line += f", {before} refused by vLLM while the model's layers were built (before any runner code)"
         if shared:

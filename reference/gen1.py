@@ -28,20 +28,23 @@ from reference.releases import (
     GEN1_KERNEL_BLOCK_SIZES,
     GEN1_LAYOUT_OVERRIDES,
     MOONCAKE_KERNEL_SYNC,
+    ATTENTION_PAGES_PADDED,
     MRV2_KERNEL_BLOCKS,
+    PROMOTED_WINDOW_KEEPS_ITS_BLOCK,
+    SLIDING_WINDOW_BLOCK_DECOUPLED,
     Version,
     check_gen1_version,
     fact_at,
     holds,
     parse_version,
 )
-from reference.specs import AttentionSpec, KernelBlockSize, LayerSpec, UniformTypeSpecs, layer_spec_of
+from reference.specs import AttentionSpec, KernelBlockSize, LayerSpec, SpecKind, UniformTypeSpecs, layer_spec_of
 from reference.views import BlockBytes, Region, TensorView, make_region
 
 LAYOUTS = ("NHD", "HND")
-MODELED_KINDS = ("full", "mla", "chunked_local")
-"""Sliding window is left out on purpose: gen 2 decouples its block size
-(``_largest_kernel_block_within``) and when that arrived was not established."""
+MODELED_KINDS = ("full", "mla", "chunked_local", "sliding_window")
+"""A sliding-window layer's block size is the configured one to 0.24 and its backend's smallest
+kernel block from 0.25 (``releases.SLIDING_WINDOW_BLOCK_DECOUPLED``)."""
 MODELED_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 # Shape families of get_kv_cache_shape, as axis letters outermost first:
@@ -344,10 +347,37 @@ def gen1_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> Attent
         raise NotModeledError("FlashInfer on SM10x (platform HND override, TRT-LLM sizes) is not modeled in generation 1")
     spec = raw_spec(case, layer, backend)
     assert isinstance(spec, AttentionSpec)
+    if layer.kind == "sliding_window":
+        spec = spec.with_block_size(_sliding_window_block_size(backend_name, spec, case))
     bk.check_backend_accepts(backend, spec, layer.name)
     if not spec.kind.is_mla and spec.head_size_v != spec.head_size:
         raise NotModeledError(f"layer {layer.name!r}: the 5-D generation-1 shape needs head_size_v == head_size")
     return spec
+
+
+def _sliding_window_block_size(backend_name: str, spec: AttentionSpec, case: CaseConfig) -> int:
+    """``Attention.get_kv_cache_spec``'s block size for a sliding-window layer: the configured one,
+    or from 0.25 ``_largest_kernel_block_within`` with no padded page: the smallest of the
+    backend's kernel block sizes at that release (a ``MultipleOf``'s base where it takes only
+    multiples); the configured one where the backend declares none."""
+    if not holds(SLIDING_WINDOW_BLOCK_DECOUPLED, case.vllm_version):
+        return case.block_size
+    sizes = gen1_kernel_block_sizes(backend_name, spec, case.capability, case.vllm_version)
+    candidates = [s for s in sizes if isinstance(s, int)] or [s.base for s in sizes if not isinstance(s, int)]
+    return min(candidates) if candidates else case.block_size
+
+
+def _check_promotion_unifies(specs: dict[str, LayerSpec]) -> None:
+    """``unify_hybrid_kv_cache_specs`` up to 0.26 (``PROMOTED_WINDOW_KEEPS_ITS_BLOCK``): beside full
+    attention a window (or chunk) layer becomes a full-attention spec of its own block size, and
+    block sizes that then differ leave no unified type."""
+    kinds = {s.kind for s in specs.values() if isinstance(s, AttentionSpec)}
+    local = {SpecKind.SLIDING_WINDOW, SpecKind.CHUNKED_LOCAL}
+    if not kinds & {SpecKind.FULL, SpecKind.MLA} or not kinds & local:
+        return
+    if len({s.block_size for s in specs.values()}) > 1:
+        raise StartupError("Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one "
+                           "unified type.", where="vllm.v1.core.kv_cache_utils.unify_hybrid_kv_cache_specs")
 
 
 def _select(block_size: int, members: Iterable[tuple[str, AttentionSpec]], capability: tuple[int, int],
@@ -384,12 +414,20 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
         specs[layer.name] = gen1_spec(case, layer, name)
         backends[layer.name] = name
 
+    if case.disable_hybrid_kv_cache_manager and holds(PROMOTED_WINDOW_KEEPS_ITS_BLOCK, version):
+        _check_promotion_unifies(specs)
     # Gen 1 groups with the same HMA algorithm; a layer-compact layout keeps the
     # block-outermost (gen-2 packed) branch out of it.
-    groups = tuple(get_kv_cache_groups(dict(specs), KVCacheLayout.LBNHC))
+    groups = tuple(get_kv_cache_groups(dict(specs), KVCacheLayout.LBNHC,
+                                      hybrid_manager=not case.disable_hybrid_kv_cache_manager))
     grouped = {n: layer_spec_of(g.spec, n) for g in groups for n in g.layer_names}
     if any(getattr(s, "page_size_padded", None) is not None for s in grouped.values()):
-        raise NotModeledError("page padding in unify_kv_cache_spec_page_size is not modeled in generation 1")
+        if not holds(ATTENTION_PAGES_PADDED, version):
+            raise StartupError("The page size of the layer is not divisible by the maximum page size. "
+                               "Cannot unify by adjusting block_size.",
+                               where="vllm.v1.core.kv_cache_utils.unify_kv_cache_spec_page_size")
+        raise NotModeledError("page padding in unify_kv_cache_spec_page_size (vLLM 0.24 on) is not modeled in "
+                              "generation 1")
     num_blocks = _num_blocks(case, groups)
     tensors = place_gen1_tensors(groups, num_blocks)
 

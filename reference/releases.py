@@ -330,6 +330,49 @@ MRV2_FREES_SLOTS_IN_ID_ORDER: tuple[Fact[bool], ...] = (
 """Whether MRv2 frees a step's finished requests' slots in request-id order (before: in set order,
 so which free slot a later request takes is not determined by the schedule)."""
 
+ATTENTION_PAGES_PADDED: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size in 0.19.1 to 0.23.0 (read off their wheels): "
+         "a smaller page that does not divide the largest raises NotImplementedError('The page size of the layer is "
+         "not divisible by the maximum page size. Cannot unify by adjusting block_size.')"),
+    Fact((0, 24, 0), True,
+         "vllm/v1/core/kv_cache_utils.py in 0.24.0: such an attention page is padded (page_size_padded) when its "
+         "spec's indexes_kv_by_block_stride is set (the runners' get_kv_cache_spec sets it from the backend), "
+         "else NotImplementedError('Layer ...: page size is not divisible by the maximum page size and cannot be "
+         "padded')"),
+)
+"""Whether page-size unification pads an attention page that does not divide the largest one
+(before: it refuses the model)."""
+
+PROMOTED_WINDOW_KEEPS_ITS_BLOCK: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, True,
+         "vllm/v1/core/kv_cache_utils.py unify_hybrid_kv_cache_specs in 0.19.1 to 0.26.0 (read off their wheels): "
+         "with --disable-hybrid-kv-cache-manager a sliding-window layer becomes FullAttentionSpec(block_size="
+         "spec.block_size, ...), its own block size, and the specs that are then neither uniform nor of a uniform "
+         "type raise ValueError('Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one "
+         "unified type.'); observed on 0.25.0 (random swa_hybrid cases: 16-token window blocks beside 96-token full "
+         "ones, SLIDING_WINDOW_BLOCK_DECOUPLED)"),
+    Fact((0, 27, 0), False,
+         "vllm/v1/core/kv_cache_utils.py in 0.27.0: the promoted spec takes the full-attention layers' block size "
+         "(full_attention_block_size or spec.block_size), its padded page scaled with it; observed on 0.28.0"),
+)
+"""Whether a sliding-window layer promoted to full attention (hybrid manager disabled) keeps its own
+block size; from 0.27 it takes the full-attention layers' one."""
+
+SLIDING_WINDOW_BLOCK_DECOUPLED: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/model_executor/layers/attention/attention.py in 0.19.1 to 0.24.0 (read off their wheels): "
+         "Attention.get_kv_cache_spec gives a sliding-window layer SlidingWindowSpec(block_size="
+         "vllm_config.cache_config.block_size, ...), the configured block size"),
+    Fact((0, 25, 0), True,
+         "vllm/model_executor/layers/attention/attention.py in 0.25.0 (read off its wheel): 'SW chooses its own "
+         "block_size, decoupled from the user's --block-size': _largest_kernel_block_within(attn_backend, "
+         "sw_per_token, cache_config.skip_page_size_padded, block_size), the backend's smallest supported block "
+         "when no page is padded; page-size unification then scales it by a whole ratio"),
+)
+"""Whether a sliding-window layer picks its own block size from its backend's kernel block sizes
+(``_largest_kernel_block_within``); before, it took the configured ``--block-size``."""
+
 SLIDING_WINDOW_BLOCK_FROM_PRIMARY: tuple[Fact[bool], ...] = (
     Fact(GEN2_FIRST, False,
          "vllm/model_executor/layers/attention/attention.py in 0.29.0: Attention.get_kv_cache_spec gives a "
@@ -571,6 +614,9 @@ __all__ = [
     "MRV2_FREES_SLOTS_IN_ID_ORDER",
     "MRV2_KERNEL_BLOCKS",
     "MRV2_SLIDING_WINDOW_REACH",
+    "ATTENTION_PAGES_PADDED",
+    "PROMOTED_WINDOW_KEEPS_ITS_BLOCK",
+    "SLIDING_WINDOW_BLOCK_DECOUPLED",
     "SLIDING_WINDOW_BLOCK_FROM_PRIMARY",
     "SLIDING_WINDOW_PACKED_AS_STATE",
     "STRIDE_ALIGNMENT_FROM_KERNEL_SIZES",

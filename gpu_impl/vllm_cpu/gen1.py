@@ -2,9 +2,15 @@
 
 For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
 
-1. the layers' specs are built from the case (``FullAttentionSpec``, ``MLAAttentionSpec``
-   with one latent head; the layers' own ``get_kv_cache_spec`` is not run here:
-   ``fidelity_reason`` says so);
+1. the layers' specs from each runner's own ``get_kv_cache_spec`` (MRv1's
+   ``GPUModelRunner.get_kv_cache_spec``, MRv2's ``gpu/attn_utils.get_kv_cache_spec``: from 0.24
+   they mark backends that index pages by the block stride, from 0.28 MRv2 customizes) over
+   stand-in layers in the static forward context: a full-attention or sliding-window layer
+   answers with the release's own ``Attention.get_kv_cache_spec`` run on a stand-in carrying
+   what the method reads (window, heads, cache dtype, backend class), so a window's block
+   size is whatever that release picks (the configured one to 0.24, from 0.25
+   ``_largest_kernel_block_within``); an MLA layer with an ``MLAAttentionSpec`` built from the
+   case (one latent head; ``fidelity_reason`` says so);
 2. vLLM's own planning: ``kv_cache_utils.get_kv_cache_groups`` and
    ``get_kv_cache_config_from_groups`` (``num_gpu_blocks_override`` = the case's blocks);
 3. the attention groups from MRv1's own ``GPUModelRunner.initialize_attn_backend`` (on a
@@ -42,11 +48,12 @@ from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
 from gpu_impl.vllm_cpu.registration import RegisteredKV
 
 FIDELITY_REASON = (
-    "generation 1: specs built from the case (stand-in layers), then vLLM's planning, MRv1's initialize_attn_backend "
+    "generation 1: each runner's own get_kv_cache_spec over stand-in layers (full and sliding-window attention "
+    "answer with the release's own Attention.get_kv_cache_spec on a stand-in, MLA with a spec built from the case), then vLLM's planning, MRv1's initialize_attn_backend "
     "and prepare_kernel_block_sizes, and each runner's own allocate/reshape functions (MRv1 GPUModelRunner methods on a "
     "stand-in runner, MRv2 gpu/attn_utils); MRv2's kernel block sizes from MRv1's attention groups"
 )
-SUPPORTED_KINDS = ("full", "mla")
+SUPPORTED_KINDS = ("full", "mla", "sliding_window")
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
 
 
@@ -99,22 +106,25 @@ class _UnknownSignature(Exception):
     """The installed release's function takes an argument the driver has no value for."""
 
 
-def _cache_dtype_fields(cache_dtype: str, model_dtype: Any) -> dict[str, Any]:
-    """The spec's ``dtype`` (and, where the release has it, ``kv_quant_mode``) for a layer's
-    ``--kv-cache-dtype``, as the release's ``Attention.__init__`` / ``get_kv_cache_spec``
-    compute them (``kv_cache_dtype_str_to_dtype``, ``get_kv_quant_mode``)."""
-    import dataclasses
-    from types import SimpleNamespace
-
+def _own_attention_spec(layer: Any, backend: Any, vc: Any, model_dtype: Any, use_mla: bool) -> Any:
+    """The release's own ``Attention.get_kv_cache_spec`` for ``layer`` (full or sliding-window
+    attention), on a stand-in layer that carries what the method reads, as ``Attention.__init__``
+    sets it (the window, heads, head sizes, ``kv_cache_dtype`` and its torch dtype, the backend
+    class, a decoder attention type), under the case's cache config and the model's ``use_mla``
+    (the window branch asserts it is off)."""
+    from vllm.model_executor.layers.attention import attention as attention_module
     from vllm.utils import torch_utils
-    from vllm.v1 import kv_cache_interface
 
-    fields: dict[str, Any] = {"dtype": torch_utils.kv_cache_dtype_str_to_dtype(cache_dtype, SimpleNamespace(dtype=model_dtype))}
-    quant_mode_of = getattr(kv_cache_interface, "get_kv_quant_mode", None)
-    takes = {f.name for f in dataclasses.fields(kv_cache_interface.FullAttentionSpec)}
-    if quant_mode_of is not None and "kv_quant_mode" in takes:
-        fields["kv_quant_mode"] = quant_mode_of(cache_dtype)
-    return fields
+    stand_in = SimpleNamespace(
+        attn_type=attention_module.AttentionType.DECODER, sliding_window=layer.sliding_window,
+        num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
+        head_size_v=layer.head_size if layer.head_size_v is None else layer.head_size_v,
+        kv_cache_dtype=layer.cache_dtype,
+        kv_cache_torch_dtype=torch_utils.kv_cache_dtype_str_to_dtype(layer.cache_dtype, SimpleNamespace(dtype=model_dtype)),
+        attn_backend=backend)
+    config = SimpleNamespace(cache_config=vc.cache_config, model_config=SimpleNamespace(use_mla=use_mla),
+                             parallel_config=vc.parallel_config)
+    return attention_module.Attention.get_kv_cache_spec(stand_in, config)
 
 
 _VOCAB_SIZE = 1024
@@ -215,8 +225,42 @@ def _schedules(case: Any, runner: str, schedules: tuple, build: Callable[[], Any
             # initialize_kv_cache refuses here (builders over the real layers) is said, not judged.
             return {"schedules_unsupported": f"{runner.upper()}'s initialize_kv_cache refused the case's layers: "
                                              f"{type(exc).__name__}: {exc}".splitlines()[0][:300]}
+        overrun = _padded_row_overrun(instance) if runner == "mrv2" else None
+        if overrun is not None:
+            return {"schedules_unsupported": overrun}
         observed.append(runner_tables.run_schedule(runner, instance, scenario))
     return {"schedules": tuple(observed)}
+
+
+def _padded_row_overrun(instance: Any) -> str | None:
+    """Why MRv2's ``BlockTables`` of this release cannot be run for the case, or None.
+
+    In 0.19.1 to 0.22.0 ``BlockTables.gather_block_tables`` hands its kernel group 0's row
+    width (``self.input_block_tables[0].shape[1]``) as the length to zero in every group's
+    padded rows; a group whose rows are narrower (a sliding-window group of larger blocks)
+    is then written past its end: on CPU the Triton interpreter corrupts the process's heap
+    (it aborts or segfaults), on a GPU the kernel writes out of bounds. 0.23.0 passes each
+    group its own stride. The installed method's source is read, not run, and the widths are
+    those of the runner's own tables."""
+    import inspect
+
+    tables = getattr(instance, "block_tables", None)
+    gather = getattr(type(tables), "gather_block_tables", None)
+    if gather is None:
+        return None
+    try:
+        source = inspect.getsource(gather)
+    except (OSError, TypeError):
+        return None
+    if "input_block_tables[0].shape[1]" not in source:
+        return None
+    widths = [t.shape[1] for t in tables.input_block_tables]
+    narrower = [f"group {i}: {w}" for i, w in enumerate(widths) if w < widths[0]]
+    if not narrower:
+        return None
+    return (f"MRv2's BlockTables.gather_block_tables zeroes every group's padded rows with group 0's width "
+            f"({widths[0]} blocks) and {', '.join(narrower)} is narrower: its kernel would write past that group's "
+            "table (vllm/v1/worker/gpu/block_table.py, fixed in 0.23.0); not run")
 
 
 def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: str = "meta",
@@ -233,12 +277,13 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                    if layer.kind not in SUPPORTED_KINDS or (layer.is_draft and layer.kind != "full")]
     if unsupported:
         return Observation(case.name, runner, shims=applied,
-                           unsupported=f"the generation-1 driver builds full-attention and MLA layers and full-attention drafts only (not {unsupported[0]!r})")
+                           unsupported=f"the generation-1 driver builds full-attention, sliding-window and MLA layers and full-attention "
+                                       f"drafts only (not {unsupported[0]!r})")
     import torch
     from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
     from vllm.v1.worker.gpu import attn_utils as mrv2_attn_utils
     from vllm.v1.worker.gpu.attn_utils import _allocate_kv_cache, _reshape_kv_cache
     from vllm.v1.worker import gpu_model_runner as gpu_model_runner_module
@@ -268,17 +313,10 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
         cache_config = CacheConfig(block_size=case.block_size)
         cache_config.num_gpu_blocks_override = case.num_blocks
         vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=cache_config)
+        # --disable-hybrid-kv-cache-manager: vLLM's planning reads it off the scheduler config.
+        vc.scheduler_config.disable_hybrid_kv_cache_manager = case.disable_hybrid_kv_cache_manager
         with set_current_vllm_config(vc):
             stage = "specs"
-            specs = {
-                # MLA keeps one latent "head" per token (MLAAttention.get_kv_cache_spec).
-                layer.name: MLAAttentionSpec(block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size,
-                                             dtype=model_dtype, cache_dtype_str="auto")
-                if layer.kind == "mla" else
-                FullAttentionSpec(block_size=case.block_size, num_kv_heads=layer.num_kv_heads,
-                                  head_size=layer.head_size, **_cache_dtype_fields(layer.cache_dtype, model_dtype))
-                for layer in case.layers
-            }
             backends = {}
             for layer in case.layers:
                 try:
@@ -288,6 +326,35 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                                        unsupported=f"backend class not importable on CPU: {layer.backend}: "
                                                    f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
             partial["layer_backends"] = {name: cls.get_name() for name, cls in backends.items()}
+            use_mla = any(layer.kind == "mla" for layer in case.layers if not layer.is_draft)
+            # The model's layers as the runners find them in the static forward context:
+            # stand-ins answering with the case's backend and the layer's own spec.
+            layer_base = gpu_model_runner_module.AttentionLayerBase
+
+            class _Layer(layer_base):  # type: ignore[misc, valid-type]
+                def __init__(self, layer: Any, backend: Any) -> None:
+                    self._layer, self._backend = layer, backend
+
+                def get_attn_backend(self) -> Any:
+                    return self._backend
+
+                def get_kv_cache_spec(self, vllm_config: Any) -> Any:
+                    layer = self._layer
+                    if layer.kind == "mla":
+                        # MLA keeps one latent "head" per token (MLAAttention.get_kv_cache_spec).
+                        return MLAAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=1,
+                                                head_size=layer.head_size, dtype=model_dtype, cache_dtype_str="auto")
+                    return _own_attention_spec(layer, self._backend, vllm_config, model_dtype, use_mla)
+
+            forward_context = vc.compilation_config.static_forward_context
+            for layer in case.layers:
+                forward_context[layer.name] = _Layer(layer, backends[layer.name])
+            # Each runner's own get_kv_cache_spec over them (from 0.24 it marks the specs of
+            # backends that index pages by the block stride, which page padding needs).
+            if runner == "mrv1":
+                specs = GPUModelRunner.get_kv_cache_spec(SimpleNamespace(vllm_config=vc, shared_kv_cache_layers={}))
+            else:
+                specs = mrv2_attn_utils.get_kv_cache_spec(vc)
             stage = "groups"
             groups = get_kv_cache_groups(vc, specs)
             stage = "placement"
@@ -302,23 +369,8 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
             layout = layout_of() if layout_of is not None else None
             partial["layout"] = None if layout is None else str(getattr(layout, "name", layout))
             stage = "kernel_block_sizes"
-            # The attention groups as MRv1 forms them: its own initialize_attn_backend, over
-            # stand-in layers that answer with the case's backend and spec (the model's part).
-            layer_base = gpu_model_runner_module.AttentionLayerBase
-
-            class _Layer(layer_base):  # type: ignore[misc, valid-type]
-                def __init__(self, backend: Any, spec: Any) -> None:
-                    self._backend, self._spec = backend, spec
-
-                def get_attn_backend(self) -> Any:
-                    return self._backend
-
-                def get_kv_cache_spec(self, vllm_config: Any) -> Any:
-                    return self._spec
-
-            forward_context = vc.compilation_config.static_forward_context
-            for layer in case.layers:
-                forward_context[layer.name] = _Layer(backends[layer.name], specs[layer.name])
+            # The attention groups as MRv1 forms them: its own initialize_attn_backend over the
+            # stand-in layers.
             grouper = SimpleNamespace(vllm_config=vc, attn_groups=[], kv_sharing_fast_prefill_eligible_layers=set(),
                                       _check_and_update_cudagraph_mode=lambda *a, **k: None)
             _call_with_signature(GPUModelRunner.initialize_attn_backend, grouper, kv_cache_config=kcc, is_profiling=False)

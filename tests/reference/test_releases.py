@@ -18,7 +18,10 @@ from reference.releases import (
     BY_NEWEST_FACTS,
     GEN1_KERNEL_BLOCK_SIZES,
     GEN1_LAYOUT_OVERRIDES,
+    ATTENTION_PAGES_PADDED,
     GEN2_DIFFERENCES,
+    PROMOTED_WINDOW_KEEPS_ITS_BLOCK,
+    SLIDING_WINDOW_BLOCK_DECOUPLED,
     MOONCAKE_KERNEL_SYNC,
     MRV2_KERNEL_BLOCKS,
     MRV2_SLIDING_WINDOW_REACH,
@@ -74,7 +77,7 @@ def test_each_generation_says_which_releases_it_has_facts_for() -> None:
 
 
 def test_every_fact_names_where_it_was_read_and_series_run_oldest_first() -> None:
-    series = [MRV2_KERNEL_BLOCKS, MOONCAKE_KERNEL_SYNC, *GEN2_DIFFERENCES.values(),
+    series = [MRV2_KERNEL_BLOCKS, MOONCAKE_KERNEL_SYNC, SLIDING_WINDOW_BLOCK_DECOUPLED, ATTENTION_PAGES_PADDED, PROMOTED_WINDOW_KEEPS_ITS_BLOCK, *GEN2_DIFFERENCES.values(),
               *GEN1_LAYOUT_OVERRIDES.values(), *GEN1_KERNEL_BLOCK_SIZES.values()]
     for facts in series:
         assert [f.since for f in facts] == sorted({f.since for f in facts})
@@ -88,6 +91,12 @@ def test_every_fact_names_where_it_was_read_and_series_run_oldest_first() -> Non
         (MRV2_KERNEL_BLOCKS, "0.22.0", True),
         (MOONCAKE_KERNEL_SYNC, "0.19.1", False),
         (MOONCAKE_KERNEL_SYNC, "0.20.0", True),
+        (SLIDING_WINDOW_BLOCK_DECOUPLED, "0.24.0", False),
+        (SLIDING_WINDOW_BLOCK_DECOUPLED, "0.25.0", True),
+        (ATTENTION_PAGES_PADDED, "0.23.0", False),
+        (ATTENTION_PAGES_PADDED, "0.24.0", True),
+        (PROMOTED_WINDOW_KEEPS_ITS_BLOCK, "0.26.0", True),
+        (PROMOTED_WINDOW_KEEPS_ITS_BLOCK, "0.27.0", False),
         (MRV2_SLIDING_WINDOW_REACH, "0.32.4", False),
         (PACKED_GROUPS_KEEP_MANAGER_BLOCKS, "0.31.1", False),
         (PACKED_GROUPS_KEEP_MANAGER_BLOCKS, "0.32.0", True),
