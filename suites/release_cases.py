@@ -8,8 +8,8 @@ from reference.config import CaseConfig, LayerConfig
 
 GEN1_FAMILIES = ("dense", "swa_hybrid", "mla_draft", "mamba_hybrid", "gqa_draft", "chunked_local_hybrid", "sink")
 """The random sampler's model families (``suites.strategies.FAMILIES``) that generation-1 releases
-already served. ``reference.gen1`` models dense, MLA and chunked-local attention with full-attention
-drafts; the sliding-window, Mamba and static-sink cases are each reported as not modeled there,
+already served. ``reference.gen1`` models dense, sliding-window, MLA and chunked-local attention with
+full-attention drafts; the Mamba and static-sink cases are each reported as not modeled there,
 with the reason, and counted. The later families (R-SWA, Prefix-LM, V3.2's indexer, hidden states,
 GLM-5-next's tail ring, encoder-decoder cross attention) are left out: their layers came after 0.28."""
 
@@ -54,6 +54,13 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
             vllm_version=vllm_version,
         )
 
+    def window_hybrid(name: str, backend: str, block_size: int, window_heads: int) -> CaseConfig:
+        # Gemma-like: two full-attention layers, two sliding-window layers of window_heads heads.
+        full = case(name, backend, block_size, heads=2, head_size=64)
+        windows = tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind="sliding_window", sliding_window=128,
+                                    backend=backend, num_kv_heads=window_heads, head_size=64) for i in (2, 3))
+        return full.with_(layers=full.layers + windows)
+
     def mla_eagle(name: str, block_size: int) -> CaseConfig:
         target = case(name, "FLASHMLA", block_size, kind="mla", head_size=576)
         draft = LayerConfig("model.layers.2.self_attn.attn", backend="FLASHINFER", num_kv_heads=8, head_size=128, is_draft=True)
@@ -77,4 +84,9 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
         # reads the draft's heads as its block size (vLLM 0.19.x); at 128 the kernel split too.
         mla_eagle("mla-eagle-b64", 64),
         mla_eagle("mla-eagle-b128", 128),
+        # Sliding windows: the window's own block from 0.25 (16 on Triton, scaled back to 64 by
+        # page unification); with 8 window heads the full groups' blocks scale to 256 and their
+        # block-table rows become narrower than the windows' (MRv2's padded rows before 0.23).
+        window_hybrid("triton-swa-b64", "TRITON_ATTN", 64, 2),
+        window_hybrid("fa-swa-wide-b64", "FLASH_ATTN", 64, 8),
     ]

@@ -422,3 +422,46 @@ def test_nixl_refuses_mrv2s_logical_block_views_until_022_and_an_unsplittable_bl
     assert nixl_refusal(derive_gen1(case("0.21.0", "gen1-flashinfer-b128"), "mrv1")) is None
     assert nixl_refusal(derive_gen1(case("0.22.0", "gen1-flashinfer-b128"), "mrv2")) is None
     assert "No common block size" in nixl_refusal(derive_gen1(case("0.21.0", "gen1-flex-b8"), "mrv2"))
+
+
+# --- sliding windows (SLIDING_WINDOW_BLOCK_DECOUPLED, ATTENTION_PAGES_PADDED, PROMOTED_WINDOW_KEEPS_ITS_BLOCK) ---
+
+
+def _window_hybrid(version: str, *, window_heads: int = 2, **kw) -> CaseConfig:
+    geo = dict(backend="TRITON_ATTN", head_size=64)
+    layers = (uniform_layers(2, num_kv_heads=2, **geo)
+              + uniform_layers(2, start=2, kind="sliding_window", sliding_window=128, num_kv_heads=window_heads, **geo))
+    return gen1(f"swa-{version}", layers, block_size=64, vllm_version=version, **kw)
+
+
+def test_a_window_takes_the_configured_block_until_0_25_then_the_smallest_kernel_block() -> None:
+    # Triton takes MultipleOf(16): from 0.25 a window's own block is 16 tokens, and page
+    # unification scales it back by the whole ratio 64 / 16 (same heads, same page per token).
+    for version, window_block in (("0.24.0", 64), ("0.25.0", 64)):
+        d = derive_gen1(_window_hybrid(version))
+        assert [g.spec.block_size for g in d.groups] == [64, window_block]
+    from reference.gen1 import _sliding_window_block_size, gen1_spec
+
+    for version, own in (("0.24.0", 64), ("0.25.0", 16)):
+        case = _window_hybrid(version)
+        window = case.layers[2]
+        assert _sliding_window_block_size("TRITON_ATTN", gen1_spec(case, window, "TRITON_ATTN"), case) == own
+
+
+def test_a_page_that_does_not_divide_is_refused_before_0_24_and_not_modeled_after() -> None:
+    # Full pages 64 * 2*2*64*2 = 32768 bytes, window pages of 3 heads 49152: no whole ratio.
+    with pytest.raises(StartupError, match="^The page size of the layer is not divisible by the maximum page size"):
+        derive_gen1(_window_hybrid("0.23.0", window_heads=3))
+    with pytest.raises(NotModeledError, match="page padding"):
+        derive_gen1(_window_hybrid("0.24.0", window_heads=3))
+
+
+def test_a_disabled_hybrid_manager_refuses_a_window_of_its_own_block_in_0_25_and_0_26_only() -> None:
+    # 0.25/0.26 promote the 16-token window to a 16-token full spec beside 64-token ones: no
+    # unified type. 0.24 (the configured block) and 0.27 (the full layers' block) start.
+    for version in ("0.25.0", "0.26.0"):
+        with pytest.raises(StartupError, match="^Hybrid KV cache manager is disabled but failed to convert"):
+            derive_gen1(_window_hybrid(version, disable_hybrid_kv_cache_manager=True))
+    for version in ("0.24.0", "0.27.0"):
+        d = derive_gen1(_window_hybrid(version, disable_hybrid_kv_cache_manager=True))
+        assert len(d.groups) == 1 and d.groups[0].spec.block_size == 64
