@@ -124,8 +124,10 @@ def _plan_transfers(mc: Any, worker: Any, num_blocks: int) -> tuple[dict[int, tu
         return None, f"transfer planning not driven: _get_transfer_regions: {type(exc).__name__}: {exc}"
     # Block ids per KV cache group (0.20 on) or one flat list (0.19): the form the
     # release's MooncakeXferMetadata.req_blocks takes.
+    # A hybrid model's groups each send block b (0.25 on: a region per group, by its index).
+    groups = len(set(registered.get("group_indices") or ())) or 1
     problems = []
-    for form in (lambda b: [[b]], lambda b: [b]):
+    for form in (lambda b: [[b]] * groups, lambda b: [b]):
         try:
             return {b: plan(b, form(b)) for b in range(num_blocks)}, None
         except (TypeError, AttributeError, AssertionError, ValueError) as exc:
