@@ -5,8 +5,9 @@ For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
 1. the layers' specs from each runner's own ``get_kv_cache_spec`` (MRv1's
    ``GPUModelRunner.get_kv_cache_spec``, MRv2's ``gpu/attn_utils.get_kv_cache_spec``: from 0.24
    they mark backends that index pages by the block stride, from 0.28 MRv2 customizes) over
-   stand-in layers in the static forward context: a full-attention or sliding-window layer
-   answers with the release's own ``Attention.get_kv_cache_spec`` run on a stand-in carrying
+   stand-in layers in the static forward context: a full-attention, sliding-window or
+   chunked-local layer answers with the release's own ``Attention.get_kv_cache_spec``
+   (``ChunkedLocalAttention``'s) run on a stand-in carrying
    what the method reads (window, heads, cache dtype, backend class), so a window's block
    size is whatever that release picks (the configured one to 0.24, from 0.25
    ``_largest_kernel_block_within``); an MLA layer with an ``MLAAttentionSpec`` built from the
@@ -48,12 +49,12 @@ from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
 from gpu_impl.vllm_cpu.registration import RegisteredKV
 
 FIDELITY_REASON = (
-    "generation 1: each runner's own get_kv_cache_spec over stand-in layers (full and sliding-window attention "
-    "answer with the release's own Attention.get_kv_cache_spec on a stand-in, MLA with a spec built from the case), then vLLM's planning, MRv1's initialize_attn_backend "
+    "generation 1: each runner's own get_kv_cache_spec over stand-in layers (full, sliding-window and chunked-local "
+    "attention answer with the release's own Attention.get_kv_cache_spec on a stand-in, MLA with a spec built from the case), then vLLM's planning, MRv1's initialize_attn_backend "
     "and prepare_kernel_block_sizes, and each runner's own allocate/reshape functions (MRv1 GPUModelRunner methods on a "
     "stand-in runner, MRv2 gpu/attn_utils); MRv2's kernel block sizes from MRv1's attention groups"
 )
-SUPPORTED_KINDS = ("full", "mla", "sliding_window")
+SUPPORTED_KINDS = ("full", "mla", "sliding_window", "chunked_local")
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
 
 
@@ -108,10 +109,11 @@ class _UnknownSignature(Exception):
 
 def _own_attention_spec(layer: Any, backend: Any, vc: Any, model_dtype: Any, use_mla: bool) -> Any:
     """The release's own ``Attention.get_kv_cache_spec`` for ``layer`` (full or sliding-window
-    attention), on a stand-in layer that carries what the method reads, as ``Attention.__init__``
-    sets it (the window, heads, head sizes, ``kv_cache_dtype`` and its torch dtype, the backend
-    class, a decoder attention type), under the case's cache config and the model's ``use_mla``
-    (the window branch asserts it is off)."""
+    attention; ``ChunkedLocalAttention``'s for a chunked-local one), on a stand-in layer that
+    carries what the method reads, as ``Attention.__init__`` sets it (the window or chunk, heads,
+    head sizes, ``kv_cache_dtype`` and its torch dtype, the backend class, a decoder attention
+    type), under the case's cache config and the model's ``use_mla`` (the window branch asserts
+    it is off)."""
     from vllm.model_executor.layers.attention import attention as attention_module
     from vllm.utils import torch_utils
 
@@ -124,6 +126,12 @@ def _own_attention_spec(layer: Any, backend: Any, vc: Any, model_dtype: Any, use
         attn_backend=backend)
     config = SimpleNamespace(cache_config=vc.cache_config, model_config=SimpleNamespace(use_mla=use_mla),
                              parallel_config=vc.parallel_config)
+    if layer.kind == "chunked_local":
+        # ChunkedLocalAttention (an Attention subclass) has its own get_kv_cache_spec.
+        from vllm.model_executor.layers.attention.chunked_local_attention import ChunkedLocalAttention
+
+        stand_in.attention_chunk_size = layer.attention_chunk_size
+        return ChunkedLocalAttention.get_kv_cache_spec(stand_in, config)
     return attention_module.Attention.get_kv_cache_spec(stand_in, config)
 
 
@@ -277,8 +285,8 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                    if layer.kind not in SUPPORTED_KINDS or (layer.is_draft and layer.kind != "full")]
     if unsupported:
         return Observation(case.name, runner, shims=applied,
-                           unsupported=f"the generation-1 driver builds full-attention, sliding-window and MLA layers and full-attention "
-                                       f"drafts only (not {unsupported[0]!r})")
+                           unsupported=f"the generation-1 driver builds full-attention, sliding-window, chunked-local and MLA layers "
+                                       f"and full-attention drafts only (not {unsupported[0]!r})")
     import torch
     from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
