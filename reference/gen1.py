@@ -42,7 +42,7 @@ from reference.specs import AttentionSpec, KernelBlockSize, LayerSpec, SpecKind,
 from reference.views import BlockBytes, Region, TensorView, make_region
 
 LAYOUTS = ("NHD", "HND")
-MODELED_KINDS = ("full", "mla", "chunked_local", "sliding_window")
+MODELED_KINDS = ("full", "mla", "chunked_local", "sliding_window", "sink_full")
 """A sliding-window layer's block size is the configured one to 0.24 and its backend's smallest
 kernel block from 0.25 (``releases.SLIDING_WINDOW_BLOCK_DECOUPLED``)."""
 MODELED_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")

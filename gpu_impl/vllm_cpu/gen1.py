@@ -54,7 +54,7 @@ FIDELITY_REASON = (
     "and prepare_kernel_block_sizes, and each runner's own allocate/reshape functions (MRv1 GPUModelRunner methods on a "
     "stand-in runner, MRv2 gpu/attn_utils); MRv2's kernel block sizes from MRv1's attention groups"
 )
-SUPPORTED_KINDS = ("full", "mla", "sliding_window", "chunked_local")
+SUPPORTED_KINDS = ("full", "mla", "sliding_window", "chunked_local", "sink_full")
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
 
 
@@ -132,6 +132,12 @@ def _own_attention_spec(layer: Any, backend: Any, vc: Any, model_dtype: Any, use
 
         stand_in.attention_chunk_size = layer.attention_chunk_size
         return ChunkedLocalAttention.get_kv_cache_spec(stand_in, config)
+    if layer.kind == "sink_full":
+        # StaticSinkAttention (an Attention subclass) has its own get_kv_cache_spec.
+        from vllm.model_executor.layers.attention.static_sink_attention import StaticSinkAttention
+
+        stand_in.sink_len = layer.sink_len
+        return StaticSinkAttention.get_kv_cache_spec(stand_in, config)
     return attention_module.Attention.get_kv_cache_spec(stand_in, config)
 
 
@@ -282,11 +288,11 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
     runs inside the runner's ``initialize_kv_cache``. It must handle its own errors: an
     exception from it is not the runner's."""
     unsupported = [layer.name for layer in case.layers
-                   if layer.kind not in SUPPORTED_KINDS or (layer.is_draft and layer.kind != "full")]
+                   if layer.kind not in SUPPORTED_KINDS or (layer.is_draft and layer.kind not in ("full", "mla"))]
     if unsupported:
         return Observation(case.name, runner, shims=applied,
-                           unsupported=f"the generation-1 driver builds full-attention, sliding-window, chunked-local and MLA layers "
-                                       f"and full-attention drafts only (not {unsupported[0]!r})")
+                           unsupported=f"the generation-1 driver builds full-attention, sliding-window, chunked-local, static-sink "
+                                       f"and MLA layers and full-attention and MLA drafts only (not {unsupported[0]!r})")
     import torch
     from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum

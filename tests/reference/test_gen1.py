@@ -333,8 +333,12 @@ def gen1_cases(draw, versions=VERSIONS) -> CaseConfig:
     else:
         layers = uniform_layers(n, **gqa)
         if family == "hma":
-            layers += uniform_layers(draw(st.integers(1, 3)), start=n, kind="chunked_local",
-                                     attention_chunk_size=512, **gqa)
+            # A local kind beside full attention: its own group (a window's block from 0.25 is
+            # the backend's smallest kernel block, rescaled by page unification).
+            local = draw(st.sampled_from((dict(kind="chunked_local", attention_chunk_size=512),
+                                          dict(kind="sliding_window", sliding_window=256),
+                                          dict(kind="sink_full", sink_len=64))))
+            layers += uniform_layers(draw(st.integers(1, 3)), start=n, **local, **gqa)
     return CaseConfig(
         "prop",
         layers,
