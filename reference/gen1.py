@@ -582,11 +582,17 @@ def mooncake_gen1_block_size(view: TensorView, use_mla: bool) -> int:
 
 def mooncake_block_size(d: Gen1Derivation) -> int:
     """``MooncakeConnectorWorker.block_size`` when ``register_kv_caches`` runs: the
-    configured block size before #39596, the common kernel block size after."""
+    configured block size before #39596, after it ``_sync_block_size_with_kernel``'s
+    ``select_common_block_size`` of the *configured* block size over every layer's backend,
+    whatever block size each group has (a 0.25 window group of 16-token blocks beside a
+    64-token one still gives 64); where none fits, the configured one."""
     if not holds(MOONCAKE_KERNEL_SYNC, d.version):
         return d.case.block_size
-    selected = [k for k in d.selected_kernel_block_sizes if k is not None]
-    return min(selected) if selected else d.case.block_size
+    members = [(d.layer_backends[n], layer_spec_of(g.spec, n)) for g in d.groups for n in g.layer_names]
+    try:
+        return _select(d.case.block_size, members, d.case.capability, d.case.vllm_version)
+    except StartupError:
+        return d.case.block_size
 
 
 def mooncake_refusal(d: Gen1Derivation) -> str | None:
