@@ -112,6 +112,12 @@ def check_release(version: str, venv: Path, workdir: Path, *, no_expectations: b
     return {"version": version, "venv": str(venv), "run": run, "checks": checks}
 
 
+def gen2_connector_cases(cases: Sequence[Any]) -> list[Any]:
+    """The cases each connector is checked on in a generation-2 release: its first four
+    generation-2 cases (the dense layouts, one named case each)."""
+    return [c for c in cases if c.generation == 2][:4]
+
+
 def connector_checks(version: str, venv: Path, cases: Sequence[Any], case_files: Sequence[str], raw: Sequence[str],
                      env: Mapping[str, str], workdir: Path) -> dict[str, Any]:
     """Each built-in connector's ``kvconform check`` of one release (its own process), by name."""
@@ -121,7 +127,7 @@ def connector_checks(version: str, venv: Path, cases: Sequence[Any], case_files:
         # Generation 1: the release's cases (its own Mooncake worker; NIXL says it has no
         # generation-1 driver). Generation 2: four named cases.
         gen1 = [path for path, c in zip(case_files[1::2], cases) if c.generation == 1]
-        first = [c for c in cases if c.generation == 2][:4]
+        first = gen2_connector_cases(cases)
         args = ([arg for path in gen1 for arg in ("--case", path)] or
                 [arg for c in first for arg in ("--case", c.name)] or ["--case", "flashinfer-b128-k64"])
         code, line = _run([str(venv / "bin" / "kvconform"), "check", "--connector", adapter, *args, *raw, "--json", str(target)], env)
@@ -221,4 +227,4 @@ def finish(doc: Mapping[str, Any], json_path: Path | None, markdown: Path | None
 
 # The document's own names (conformance.release_history), here too for callers of the matrix.
 __all__ = ["CONNECTORS", "SCHEMA", "build", "check_release", "comparable", "divergence_id", "finish", "history", "load_history",
-           "main_matrix", "release_cases", "release_line", "release_venv", "transitions", "unexpected", "write"]
+           "gen2_connector_cases", "main_matrix", "release_cases", "release_line", "release_venv", "transitions", "unexpected", "write"]

@@ -91,6 +91,10 @@ class MooncakeAdapter(TransferWorkerAdapter):
                 by_layer = getattr(group.kv_cache_spec, "kv_cache_specs", {})
                 for name in group.layer_names:
                     w._layer_specs[name] = by_layer.get(name, group.kv_cache_spec)
+            # 0.29's register_kv_caches records each region's group from this map, which its
+            # __init__ builds over the KV cache groups (later releases read the group elsewhere).
+            w._layer_group_indices = {name: index for index, group in enumerate(kcc.kv_cache_groups)
+                                      for name in group.layer_names}
             w._sync_block_size_with_kernel()
             w.attn_backends = be
             w.register_kv_caches(dict(kv_caches))

@@ -115,8 +115,14 @@ class NixlAdapter(TransferWorkerAdapter):
             return tracked
         t = self.caches[layer]
         # regions this layer created (LHBNC: one per head segment), or deduped onto (aliases)
-        named = [i for i, n in enumerate(w.region_names) if n == layer]
+        # 0.29's worker records no region names (0.30 on do): its regions are found by address.
+        named = [i for i, n in enumerate(getattr(w, "region_names", ())) if n == layer]
         exact = [i for i, b in enumerate(bases) if b == t.data_ptr()]
+        if exact and not hasattr(w, "region_names"):
+            # 0.29 names no regions: a layer it split into per-head segments (LHBNC) owns every
+            # region of its stride that starts inside its view.
+            lo, hi, stride = t.data_ptr(), t.data_ptr() + t.nbytes, w.block_stride_per_layer[exact[0]]
+            exact = [i for i, b in enumerate(bases) if lo <= b < hi and w.block_stride_per_layer[i] == stride]
         if named or exact:
             return sorted(set(named) | set(exact))
         storage = t.untyped_storage().data_ptr()
@@ -143,8 +149,16 @@ class NixlAdapter(TransferWorkerAdapter):
         return sum(self.worker.block_len_per_layer[i] for i in self._regions_of(layer))
 
     def num_blocks(self, layer: str) -> int:
+        w = self.worker
         regions = self._regions_of(layer)
-        return self.worker.region_num_blocks[regions[0]] if regions else 0
+        if not regions:
+            return 0
+        per_region = getattr(w, "region_num_blocks", None)
+        if per_region is not None:
+            return per_region[regions[0]]
+        # 0.29 keeps no per-region count: register_kv_caches sizes a Mamba region by the
+        # logical blocks and every other region by the (kernel-expanded) worker's count.
+        return w._logical_num_blocks if regions[0] in w._ssm_region_indices else w.num_blocks
 
 
 __all__ = ["NixlAdapter", "RecordingNixl"]

@@ -103,3 +103,19 @@ def test_schedules_conform_by_this_releases_block_tables_not_the_targets(case_na
     target = case.with_(vllm_version=TARGET_RELEASE)
     by_target = compare(target, runner, observation, plan_schedules(target, 5, 2))
     assert any(d.kind == "block_table" for d in by_target.divergences)
+
+
+@pytest.mark.parametrize("adapter", sorted(set(__import__("conformance.matrix", fromlist=["CONNECTORS"]).CONNECTORS.values())))
+def test_the_releases_own_transfer_workers_move_each_blocks_bytes(adapter: str) -> None:
+    """The release history's connector check of this release (``matrix.gen2_connector_cases``):
+    its own NIXL and Mooncake workers register the dense layouts and every block's transfer is
+    exactly its bytes, on both runners (0.29's workers name no regions and keep no per-region
+    block counts, which the adapters find by address and from the worker's own counts)."""
+    from conformance.connectors.validate import validate_registration
+    from conformance.matrix import gen2_connector_cases, release_cases
+
+    cases = gen2_connector_cases(release_cases(installed_version()))
+    assert len(cases) == 4, [c.name for c in cases]
+    report = validate_registration(adapter, cases=cases)
+    assert report.counts()["pass"] == 2 * len(cases), [(r.case, r.runner, r.status, r.detail[:300])
+                                                      for r in report.results if r.status != "pass"]
