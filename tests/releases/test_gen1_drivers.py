@@ -108,3 +108,24 @@ def test_request_schedules_run_through_both_runners_own_block_tables() -> None:
                 stored = 2 if holds(BLOCK_TABLES_HOLD_KERNEL_IDS[runner], version) else 1
                 assert observation.schedules[0]["ids_per_block"] == [stored]
     assert ran["mrv1"] >= 16 and ran["mrv2"] >= 10, ran
+
+
+@pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
+def test_a_window_hybrid_without_the_hybrid_manager_is_refused_exactly_where_predicted(runner: str) -> None:
+    """Sliding-window layers beside full attention under ``--disable-hybrid-kv-cache-manager``:
+    from 0.25 a window layer takes the backend's smallest kernel block (SLIDING_WINDOW_BLOCK_DECOUPLED,
+    Triton's 16 beside the configured 64), and 0.25/0.26 promote it to full attention keeping that
+    block (PROMOTED_WINDOW_KEEPS_ITS_BLOCK), which leaves no unified type: vLLM refuses there, as
+    the reference predicts, and nowhere else."""
+    from gpu_impl.vllm_cpu.planning import observe
+    from reference.releases import PROMOTED_WINDOW_KEEPS_ITS_BLOCK, SLIDING_WINDOW_BLOCK_DECOUPLED
+
+    version = installed_version()
+    case = next(c for c in release_cases() if c.name == "gen1-triton-swa-b64").with_(disable_hybrid_kv_cache_manager=True)
+    observation = observe(case, runner)
+    result = compare(case, runner, observation)
+    refused = holds(SLIDING_WINDOW_BLOCK_DECOUPLED, version) and holds(PROMOTED_WINDOW_KEEPS_ITS_BLOCK, version)
+    # A refusal for the predicted reason conforms: the verdict passes either way, and vLLM's
+    # own error says which way it went.
+    assert result.status == "pass", [d.message for d in result.divergences] or result.detail
+    assert ("unified type" in (observation.error or "")) == refused, observation.error
