@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from reference import backends as bk
 from reference.config import CaseConfig, LayerConfig
@@ -311,14 +311,32 @@ class Gen1Derivation:
         return geometry.block(logical_block_id)
 
 
+_REQUIRED_LAYOUTS: dict[str, Callable[[tuple[int, int]], str | None]] = {
+    # v1/attention/backends/flashinfer.py of 0.19.1 to 0.28.0: HND where capability.major == 10.
+    "FLASHINFER": lambda capability: "HND" if capability[0] == 10 else None,
+    # v1/attention/backends/mla/flashinfer_mla.py of 0.19.1 to 0.28.0: HND on every capability.
+    "FLASHINFER_MLA": lambda capability: "HND",
+}
+"""``AttentionBackend.get_required_kv_cache_layout()`` of the generation-1 backends that have one."""
+
+
 def resolve_gen1_layout(case: CaseConfig) -> str:
-    """``get_kv_cache_layout()``: VLLM_KV_CACHE_LAYOUT, else the connector's, else NHD.
+    """``get_kv_cache_layout()``: the selector's override (FlashInfer on SM10x, FlashInfer-MLA: HND), else
+    VLLM_KV_CACHE_LAYOUT, else the connector's, else NHD.
 
     NIXL's ``get_required_kvcache_layout`` asks for HND unless the model uses MLA.
     """
+    if case.layout is not None and case.layout not in LAYOUTS:
+        raise ConfigError(f"KV cache layout {case.layout!r} is not valid in generation 1; expected NHD or HND")
+    # The selector (vllm/v1/attention/selector.py _cached_get_attn_backend) sets a backend's
+    # get_required_kv_cache_layout() as the process's override, which get_kv_cache_layout()
+    # reads before VLLM_KV_CACHE_LAYOUT.
+    required = {_REQUIRED_LAYOUTS[layer.backend](case.capability) for layer in case.layers
+                if layer.backend in _REQUIRED_LAYOUTS} - {None}
+    if required:
+        (layout,) = required
+        return layout
     if case.layout is not None:
-        if case.layout not in LAYOUTS:
-            raise ConfigError(f"KV cache layout {case.layout!r} is not valid in generation 1; expected NHD or HND")
         return case.layout
     if case.connector == "nixl" and not use_mla(case):
         return "HND"
@@ -343,8 +361,6 @@ def gen1_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> Attent
         )
     backend = bk.get_backend(backend_name)
     gen1_layout(backend_name, case.vllm_version)  # ConfigError / NotModeledError early
-    if backend_name == "FLASHINFER" and case.capability[0] == 10:
-        raise NotModeledError("FlashInfer on SM10x (platform HND override, TRT-LLM sizes) is not modeled in generation 1")
     spec = raw_spec(case, layer, backend)
     assert isinstance(spec, AttentionSpec)
     if layer.kind == "sliding_window":

@@ -218,6 +218,13 @@ GEN1_LAYOUT_OVERRIDES: dict[str, tuple[Fact[Gen1Layout | None], ...]] = {
 each ``since`` on; a value of None: known to differ but not established (refused)."""
 
 GEN1_KERNEL_BLOCK_SIZES: dict[str, tuple[Fact[tuple[KernelBlockSize, ...] | None], ...]] = {
+    "FLASHINFER": (
+        Fact(GEN1_FIRST, (16, 32, 64), "vllm/v1/attention/backends/flashinfer.py of 0.19.1 to 0.23.0: "
+             "FlashInferBackend.get_supported_kernel_block_sizes() returns [16, 32, 64] on every capability "
+             "(observed on SM100 too)"),
+        Fact((0, 24, 0), None, "vLLM 0.24.0's FlashInferBackend.get_supported_kernel_block_sizes adds 128 to 1024 where "
+             "the model can use TRT-LLM attention (GQA on SM100: can_use_trtllm_attention), as the table; observed"),
+    ),
     "FLEX_ATTENTION": (
         Fact(GEN1_FIRST, (MultipleOf(1),), "observed on vLLM 0.19.1 and 0.20.0: [MultipleOf(1)]"),
         Fact((0, 21, 0), None, "observed on vLLM 0.21.0 and 0.22.0: [MultipleOf(16)], as the table"),

@@ -1,7 +1,12 @@
 """Observe a generation-1 vLLM (0.19 to 0.28: per-backend ``get_kv_cache_shape``) on CPU.
 
-For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors:
+For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors, under the case's
+capability and a model-config stand-in (``planning._ModelConfigStandIn``: FlashInfer's kernel block
+sizes from 0.24 ask the model's query and KV heads):
 
+0. the release's own selector (``selector.get_attn_backend``) for each layer with the layer's
+   backend forced, as ``--attention-backend`` forces it: what it adjusts for the process (FlashInfer
+   on SM10x sets HND as the layout override) is in force, and undone after the case;
 1. the layers' specs from each runner's own ``get_kv_cache_spec`` (MRv1's
    ``GPUModelRunner.get_kv_cache_spec``, MRv2's ``gpu/attn_utils.get_kv_cache_spec``: from 0.24
    they mark backends that index pages by the block stride, from 0.28 MRv2 customizes) over
@@ -49,7 +54,9 @@ from gpu_impl.observation import GroupObs, Observation, TensorObs, ViewObs
 from gpu_impl.vllm_cpu.registration import RegisteredKV
 
 FIDELITY_REASON = (
-    "generation 1: each runner's own get_kv_cache_spec over stand-in layers (full, sliding-window and chunked-local "
+    "generation 1: the release's own attention selector per layer with the case's backend forced, under the case's "
+    "capability (its layout adjustment in force: FlashInfer on SM10x is HND) and a model-config stand-in (a GQA model); "
+    "each runner's own get_kv_cache_spec over stand-in layers (full, sliding-window and chunked-local "
     "attention answer with the release's own Attention.get_kv_cache_spec on a stand-in, MLA with a spec built from the case), then vLLM's planning, MRv1's initialize_attn_backend "
     "and prepare_kernel_block_sizes, and each runner's own allocate/reshape functions (MRv1 GPUModelRunner methods on a "
     "stand-in runner, MRv2 gpu/attn_utils); MRv2's kernel block sizes from MRv1's attention groups"
@@ -139,6 +146,40 @@ def _own_attention_spec(layer: Any, backend: Any, vc: Any, model_dtype: Any, use
         stand_in.sink_len = layer.sink_len
         return StaticSinkAttention.get_kv_cache_spec(stand_in, config)
     return attention_module.Attention.get_kv_cache_spec(stand_in, config)
+
+
+def _run_selector(case: Any, vc: Any, model_dtype: Any, backends: dict[str, Any]) -> str | None:
+    """The release's own attention selector (``vllm/v1/attention/selector.py`` ``get_attn_backend``)
+    for each layer, with the layer's backend forced as ``--attention-backend`` forces it, under the
+    case's capability: what it adjusts for the process is then in force (FlashInfer on SM10x
+    requires HND: ``_cached_get_attn_backend`` calls ``set_kv_cache_layout``). Its cache is cleared
+    first (a cached answer skips the adjustment). Returns None, or why a layer's selection
+    refused or chose another class than the case's (said in the observation, not judged)."""
+    from vllm.v1.attention import selector
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    cached = getattr(selector, "_cached_get_attn_backend", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+    saved = vc.attention_config.backend
+    try:
+        for layer in case.layers:
+            vc.attention_config.backend = AttentionBackendEnum[layer.backend]
+            # Query heads as the model config stand-in reports them (a GQA model).
+            chosen = _call_with_signature(
+                selector.get_attn_backend, None, head_size=layer.head_size, dtype=model_dtype,
+                kv_cache_dtype=layer.cache_dtype, use_mla=layer.kind == "mla", has_sink=layer.kind == "sink_full",
+                num_heads=vc.model_config.get_num_attention_heads(vc.parallel_config),
+                has_sliding_window=layer.kind == "sliding_window")
+            if chosen is not backends[layer.name]:
+                return f"the selector chose {chosen.get_name()} for {layer.name!r}, not {layer.backend}"
+    except _UnknownSignature:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a refusal of the selector is reported, not judged here
+        return f"the selector refused {layer.backend} for {layer.name!r}: {type(exc).__name__}: {exc}".splitlines()[0][:300]
+    finally:
+        vc.attention_config.backend = saved
+    return None
 
 
 _VOCAB_SIZE = 1024
@@ -315,6 +356,13 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                                    builder_kernel_block_sizes=None, bound_shapes=None)
     stage = "configure"
     saved_layout = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
+    from gpu_impl.vllm_cpu import shims
+    from gpu_impl.vllm_cpu.planning import _ModelConfigStandIn
+    from vllm.v1.attention.backends import utils as backend_utils
+
+    saved_override = getattr(backend_utils, "_KV_CACHE_LAYOUT_OVERRIDE", None)
+    capability = shims.fake_capability(case.capability)
+    capability.__enter__()
     try:
         if case.layout is not None:
             os.environ["VLLM_KV_CACHE_LAYOUT"] = case.layout
@@ -327,6 +375,9 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
         cache_config = CacheConfig(block_size=case.block_size)
         cache_config.num_gpu_blocks_override = case.num_blocks
         vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=cache_config)
+        # The model's answers the driven code reads (FlashInfer's kernel block sizes from 0.24 ask
+        # its query and KV heads): the layout driver's stand-in, which reports a GQA model.
+        object.__setattr__(vc, "model_config", _ModelConfigStandIn(case, model_dtype))
         # --disable-hybrid-kv-cache-manager: vLLM's planning reads it off the scheduler config.
         vc.scheduler_config.disable_hybrid_kv_cache_manager = case.disable_hybrid_kv_cache_manager
         with set_current_vllm_config(vc):
@@ -340,6 +391,12 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                                        unsupported=f"backend class not importable on CPU: {layer.backend}: "
                                                    f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
             partial["layer_backends"] = {name: cls.get_name() for name, cls in backends.items()}
+            stage = "selector"
+            selector_problem = _run_selector(case, vc, model_dtype, backends)
+            if selector_problem is not None:
+                return Observation(case.name, runner, shims=applied, unsupported=selector_problem)
+            if hasattr(layout_of, "cache_clear"):
+                layout_of.cache_clear()
             use_mla = any(layer.kind == "mla" for layer in case.layers if not layer.is_draft)
             # The model's layers as the runners find them in the static forward context:
             # stand-ins answering with the case's backend and the layer's own spec.
@@ -458,6 +515,10 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
         os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
         if saved_layout is not None:
             os.environ["VLLM_KV_CACHE_LAYOUT"] = saved_layout
+        # The selector's layout adjustment is the process's: the next case must not inherit it.
+        if hasattr(backend_utils, "set_kv_cache_layout"):
+            backend_utils.set_kv_cache_layout(saved_override)
+        capability.__exit__(None, None, None)
     return Observation(case.name, runner, **partial)
 
 

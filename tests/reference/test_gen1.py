@@ -469,3 +469,38 @@ def test_a_disabled_hybrid_manager_refuses_a_window_of_its_own_block_in_0_25_and
     for version in ("0.24.0", "0.27.0"):
         d = derive_gen1(_window_hybrid(version, disable_hybrid_kv_cache_manager=True))
         assert len(d.groups) == 1 and d.groups[0].spec.block_size == 64
+
+
+# --- FlashInfer on SM10x ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("requested", [None, "NHD", "HND"])
+def test_flashinfer_on_sm10x_is_hnd_whatever_the_env_asks(requested) -> None:
+    # The selector sets FlashInfer's required layout (HND on SM10x) as the process's override,
+    # which get_kv_cache_layout() reads before VLLM_KV_CACHE_LAYOUT; off SM10x the env decides.
+    layers = uniform_layers(2, **QWEN3)
+    assert derive_gen1(gen1("fi-sm100", layers, block_size=64, layout=requested, capability=(10, 0))).layout == "HND"
+    assert derive_gen1(gen1("fi-sm90", layers, block_size=64, layout=requested)).layout == (requested or "NHD")
+    # Another backend on SM10x: no override.
+    triton = uniform_layers(2, backend="TRITON_ATTN", num_kv_heads=8, head_size=128)
+    assert derive_gen1(gen1("triton-sm100", triton, block_size=64, layout=requested, capability=(10, 0))).layout == (requested or "NHD")
+
+
+@pytest.mark.parametrize(("version", "kernel"), [("0.23.0", 64), ("0.24.0", 128), ("0.28.0", 128)])
+def test_flashinfer_trtllm_pages_on_sm100_from_024(version: str, kernel: int) -> None:
+    # 0.19.1 to 0.23.0: [16, 32, 64] on every capability, so block 128 splits into 64s;
+    # 0.24.0 on: 128 to 1024 too where TRT-LLM attention serves a GQA model on SM100.
+    case = gen1("fi-sm100-b128", uniform_layers(2, **QWEN3), block_size=128, capability=(10, 0), vllm_version=version)
+    d = derive_gen1(case, "mrv1")
+    assert list(d.selected_kernel_block_sizes) == [kernel]
+    # Off SM100 the base sizes: block 128 splits into 64s on every release.
+    assert list(derive_gen1(case.with_(capability=(9, 0)), "mrv1").selected_kernel_block_sizes) == [64]
+
+
+def test_flashinfer_mla_is_hnd_on_every_capability() -> None:
+    # FlashInferMLABackend.get_required_kv_cache_layout() is "HND" unconditionally (0.19.1 to 0.28.0).
+    mla = [LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHINFER_MLA", num_kv_heads=1,
+                       head_size=576) for i in range(2)]
+    for capability in ((9, 0), (10, 0)):
+        assert derive_gen1(gen1("fi-mla", mla, block_size=64, layout="NHD", capability=capability,
+                                vllm_version="0.28.0")).layout == "HND"

@@ -129,3 +129,27 @@ def test_a_window_hybrid_without_the_hybrid_manager_is_refused_exactly_where_pre
     # own error says which way it went.
     assert result.status == "pass", [d.message for d in result.divergences] or result.detail
     assert ("unified type" in (observation.error or "")) == refused, observation.error
+
+
+@pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
+def test_flashinfer_on_sm100_runs_hnd_with_the_releases_own_page_sizes(runner: str) -> None:
+    """FlashInfer at block 128 on SM100 with NHD asked for: the release's own selector makes the
+    process HND, and its kernel pages are [16, 32, 64] to 0.23 (a split into 64s) and take 128
+    from 0.24 (TRT-LLM attention for a GQA model); the reference predicts both, and the next
+    case does not inherit the layout."""
+    from gpu_impl.vllm_cpu.planning import observe
+
+    version = installed_version()
+    base = next(c for c in release_cases() if c.name == "gen1-flashinfer-b128")
+    case = base.with_(name="gen1-flashinfer-b128-sm100", capability=(10, 0), layout="NHD")
+    observation = observe(case, runner)
+    result = compare(case, runner, observation)
+    assert result.status in ("pass", "expected"), [d.message for d in result.divergences] or result.detail
+    assert observation.layout == "HND"
+    if runner == "mrv1" or holds(MRV2_KERNEL_BLOCKS, version):
+        from reference.releases import parse_version
+
+        large_pages = parse_version(version) >= (0, 24, 0)
+        assert list(observation.kernel_block_sizes) == [128 if large_pages else 64]
+    after = observe(base.with_(layout="NHD"), runner)
+    assert after.layout == "NHD", after.layout
