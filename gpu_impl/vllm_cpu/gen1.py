@@ -1,7 +1,7 @@
 """Observe a generation-1 vLLM (0.19 to 0.28: per-backend ``get_kv_cache_shape``) on CPU.
 
 For a generation-1 case (``CaseConfig.generation == 1``), with meta tensors, under the case's
-capability and a model-config stand-in (``planning._ModelConfigStandIn``: FlashInfer's kernel block
+capability and a model-config stand-in (``model_config.ModelConfigStandIn``: FlashInfer's kernel block
 sizes from 0.24 ask the model's query and KV heads):
 
 0. the release's own selector (``selector.get_attn_backend``) for each layer with the layer's
@@ -357,7 +357,7 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
     stage = "configure"
     saved_layout = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
     from gpu_impl.vllm_cpu import shims
-    from gpu_impl.vllm_cpu.planning import _ModelConfigStandIn
+    from gpu_impl.vllm_cpu.model_config import ModelConfigStandIn
     from vllm.v1.attention.backends import utils as backend_utils
 
     saved_override = getattr(backend_utils, "_KV_CACHE_LAYOUT_OVERRIDE", None)
@@ -377,7 +377,7 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
         vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=cache_config)
         # The model's answers the driven code reads (FlashInfer's kernel block sizes from 0.24 ask
         # its query and KV heads): the layout driver's stand-in, which reports a GQA model.
-        object.__setattr__(vc, "model_config", _ModelConfigStandIn(case, model_dtype))
+        object.__setattr__(vc, "model_config", ModelConfigStandIn(case, model_dtype))
         # --disable-hybrid-kv-cache-manager: vLLM's planning reads it off the scheduler config.
         vc.scheduler_config.disable_hybrid_kv_cache_manager = case.disable_hybrid_kv_cache_manager
         with set_current_vllm_config(vc):

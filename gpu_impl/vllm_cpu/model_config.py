@@ -1,0 +1,114 @@
+"""The model config the drivers give vLLM: a case has no Hugging Face config on disk, so a stand-in
+answers the few ``ModelConfig`` questions the driven code asks, from the case (one home: the
+layout driver, the generation-1 driver and the drivers built on them use it)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+_NO_DEFAULT = object()
+
+
+def _model_config_defaults() -> dict[str, Any]:
+    """``ModelConfig``'s plain field defaults (fields with a factory are left out)."""
+    global _MODEL_CONFIG_DEFAULTS
+    if _MODEL_CONFIG_DEFAULTS is None:
+        import dataclasses as dc
+
+        from vllm.config import ModelConfig
+
+        _MODEL_CONFIG_DEFAULTS = {
+            f.name: f.default for f in dc.fields(ModelConfig) if f.default is not dc.MISSING and not hasattr(f.default, "default_factory")
+        }
+    return _MODEL_CONFIG_DEFAULTS
+
+
+_MODEL_CONFIG_DEFAULTS: dict[str, Any] | None = None
+
+
+class ModelConfigStandIn:
+    """The few ``ModelConfig`` answers the driven code reads (no HF config on disk).
+
+    - ``dtype``: the model dtype ("auto" caches use it).
+    - ``get_num_attention_heads`` / ``get_num_kv_heads``: FlashInfer's
+      ``get_supported_kernel_block_sizes`` offers TRT-LLM page sizes only for GQA
+      models on SM100. A case carries no query-head count; like the reference
+      (which assumes GQA), the stand-in reports 4 query heads per KV head.
+    - ``use_mla``: NIXL/Mooncake drop their LBHNC preference for MLA models.
+    - ``hf_text_config`` (no ``attn_logit_softcapping``), ``is_mm_prefix_lm``,
+      ``rswa_window``: FA4's hd256 fallback checks (``_fa4_hd256_fallback_reason``).
+    - ``hf_config.sparse_attention_config``: MiniMax M3's indexer builder reads its index-query
+      head count there (queries only, not the layout).
+    """
+
+    supports_kv_cache_grouping = False
+    is_mm_prefix_lm = False
+    rswa_window = None
+
+    def __init__(self, case, torch_dtype) -> None:
+        targets = [l for l in case.layers if not l.is_draft and l.kind != "mamba"]
+        first = targets[0] if targets else None
+        self.dtype = torch_dtype
+        self.use_mla = any(l.kind in ("mla", "sliding_window_mla") for l in targets)
+        self.max_model_len = case.max_model_len
+        self.original_max_model_len = case.max_model_len
+        self._kv_heads = 1 if first is None or self.use_mla else first.num_kv_heads
+        self._head_size = first.head_size if first is not None else 128
+        self.is_hybrid = any(l.kind == "mamba" for l in case.layers)
+        self.is_attention_free = False
+        self.hf_text_config = SimpleNamespace()
+        if self.use_mla and first is not None:
+            # The MLA geometry the layers are built with (runners._build_layer), which the MLA
+            # builders of releases to 0.28 read off the model's text config.
+            from gpu_impl.vllm_cpu.runners import MLA_NOPE_DIM, MLA_ROPE_DIM
+
+            self.hf_text_config = SimpleNamespace(kv_lora_rank=first.head_size - MLA_ROPE_DIM,
+                                                  qk_rope_head_dim=MLA_ROPE_DIM, qk_nope_head_dim=MLA_NOPE_DIM,
+                                                  v_head_dim=MLA_NOPE_DIM)
+        self.hf_config = SimpleNamespace(model_type="kvconform-case")
+        if any(l.kind == "minimax_indexer" for l in case.layers):
+            # MiniMax M3's indexer metadata builder reads its index-query head count off the model's
+            # sparse_attention_config: queries only (the cache keeps one key vector per token), so any
+            # count the TP size divides; the case does not carry one.
+            self.hf_config.sparse_attention_config = {"sparse_num_index_heads": 4 * max(case.tensor_parallel_size, 1)}
+        self.architectures: list[str] = []  # no model class (0.22's init_model_state looks for Whisper)
+        self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
+
+    def __getattr__(self, name: str):
+        # Everything the case does not decide reads as a default ModelConfig's field
+        # (enable_prompt_embeds, logits_processors, ...); unknown names stay errors.
+        default = _model_config_defaults().get(name, _NO_DEFAULT)
+        if default is _NO_DEFAULT:
+            raise AttributeError(f"{type(self).__name__} has no {name!r} (the case does not describe it)")
+        return default
+
+    def get_num_attention_heads(self, parallel_config=None) -> int:
+        return 4 * self._kv_heads
+
+    def get_num_kv_heads(self, parallel_config=None) -> int:
+        return self._kv_heads
+
+    def get_head_size(self) -> int:
+        return self._head_size
+
+    # What ModelState and the runner's input buffers read (sizes only: never computed with).
+    uses_mrope = False
+    uses_xdrope_dim = 0
+    is_multimodal_model = False
+    supports_multimodal_inputs = False
+
+    def get_hidden_size(self) -> int:
+        return 64
+
+    def get_inputs_embeds_size(self) -> int:
+        return 64
+
+    def get_mamba_chunk_size(self) -> int:
+        return 256  # Mamba-2's chunk size (its metadata builder sizes chunk buffers with it)
+
+    def get_vocab_size(self) -> int:
+        return 256  # sizes InputBatch's token buffers only
+
+
+__all__ = ["ModelConfigStandIn"]
