@@ -8,9 +8,9 @@ from reference.config import CaseConfig, LayerConfig
 
 GEN1_FAMILIES = ("dense", "swa_hybrid", "mla_draft", "mamba_hybrid", "gqa_draft", "chunked_local_hybrid", "sink")
 """The random sampler's model families (``suites.strategies.FAMILIES``) that generation-1 releases
-already served. ``reference.gen1`` models dense, sliding-window, MLA and chunked-local attention with
-full-attention drafts, and the generation-1 driver builds them; the Mamba and static-sink cases and
-other drafts are each reported as not built there, with the reason, and counted. The later families (R-SWA, Prefix-LM, V3.2's indexer, hidden states,
+already served. ``reference.gen1`` models dense, sliding-window, chunked-local, static-sink and MLA
+attention with full-attention and MLA drafts, and the generation-1 driver builds them; the Mamba
+cases are each reported as not built there, with the reason, and counted. The later families (R-SWA, Prefix-LM, V3.2's indexer, hidden states,
 GLM-5-next's tail ring, encoder-decoder cross attention) are left out: their layers came after 0.28."""
 
 _HEADS_BEFORE_TOKENS = frozenset({"LBHNC", "LHBNC", "BLHNC", "BHLNC"})
