@@ -115,10 +115,10 @@ class NixlAdapter(TransferWorkerAdapter):
             return tracked
         t = self.caches[layer]
         # regions this layer created (LHBNC: one per head segment), or deduped onto (aliases)
-        # 0.29's worker records no region names (0.30 on do): its regions are found by address.
-        named = [i for i, n in enumerate(getattr(w, "region_names", ())) if n == layer]
+        names = getattr(w, "region_names", None)  # 0.30 on; 0.29's regions are found by address
+        named = [i for i, n in enumerate(names or ()) if n == layer]
         exact = [i for i, b in enumerate(bases) if b == t.data_ptr()]
-        if exact and not hasattr(w, "region_names"):
+        if exact and names is None:
             # 0.29 names no regions: a layer it split into per-head segments (LHBNC) owns every
             # region of its stride that starts inside its view.
             lo, hi, stride = t.data_ptr(), t.data_ptr() + t.nbytes, w.block_stride_per_layer[exact[0]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.diff import compare
+from conformance.matrix import CONNECTORS
 from reference.config import CaseConfig, LayerConfig
 from reference.releases import (HIDDEN_STATE_PAGE_GROWS, PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
                                 SLIDING_WINDOW_PACKED_AS_STATE, STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE, holds)
@@ -105,7 +106,7 @@ def test_schedules_conform_by_this_releases_block_tables_not_the_targets(case_na
     assert any(d.kind == "block_table" for d in by_target.divergences)
 
 
-@pytest.mark.parametrize("adapter", sorted(set(__import__("conformance.matrix", fromlist=["CONNECTORS"]).CONNECTORS.values())))
+@pytest.mark.parametrize("adapter", sorted(set(CONNECTORS.values())))
 def test_the_releases_own_transfer_workers_move_each_blocks_bytes(adapter: str) -> None:
     """The release history's connector check of this release (``matrix.gen2_connector_cases``):
     its own NIXL and Mooncake workers register the dense layouts and every block's transfer is
