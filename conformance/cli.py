@@ -172,17 +172,18 @@ def _judged_by_installed_release(cases: Sequence[Any], *, contract_only: bool = 
     return judged_cases(cases, judgement), judgement
 
 
-def _select_cases(names: Sequence[str] | None):
+def _select_cases(names: Sequence[str] | None, *, connectors: bool = False):
     """The named cases, or on a generation-1 vLLM that release's cases (suites/release_cases.py):
-    a bare ``kvconform run`` checks what the installed release can run."""
+    a bare ``kvconform run`` checks what the installed release can run (its Mamba hybrids too;
+    a bare ``check``, ``connectors=True``, the attention cases its connector adapters read)."""
     from suites.named_cases import CASES
 
     if not names:
         release = _installed_generation1()
         if release is not None:
-            from suites.release_cases import gen1_cases
+            from suites.release_cases import gen1_cases, gen1_hybrid_cases
 
-            return gen1_cases(release)
+            return gen1_cases(release) + ([] if connectors else gen1_hybrid_cases(release))
         return list(CASES.values())
     return [_load_case(n) for n in names]
 
@@ -604,7 +605,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
             detail = f"{type(exc).__name__}: {exc}".splitlines()[0]
             raise UsageError(f"--connector {args.connector!r}: importing it raised {detail}") from None
         adapters = {next((n for n, a in BUILT_IN.items() if a == args.connector), args.connector): args.connector}
-    cases = _select_cases(args.case)
+    cases = _select_cases(args.case, connectors=True)
     if any(c.generation == 1 for c in cases):
         if args.all:
             raise UsageError("--all: generation-1 cases are checked one connector at a time: --connector "

@@ -37,9 +37,9 @@ def release_cases(version: str) -> list[Any]:
     except (ConfigError, NotModeledError):
         pass
     else:
-        from suites.release_cases import gen1_cases
+        from suites.release_cases import gen1_cases, gen1_hybrid_cases
 
-        return gen1_cases(version)
+        return gen1_cases(version) + gen1_hybrid_cases(version)
     from suites.named_cases import CASES
 
     return list(CASES.values())
@@ -126,7 +126,9 @@ def connector_checks(version: str, venv: Path, cases: Sequence[Any], case_files:
         target = workdir / f"check-{name}-{version}.json"
         # Generation 1: the release's cases (its own Mooncake worker; NIXL says it has no
         # generation-1 driver). Generation 2: four named cases.
-        gen1 = [path for path, c in zip(case_files[1::2], cases) if c.generation == 1]
+        # (Not its Mamba hybrids: the adapters read attention views; suites.release_cases.gen1_hybrid_cases.)
+        gen1 = [path for path, c in zip(case_files[1::2], cases)
+                if c.generation == 1 and not any(layer.kind == "mamba" for layer in c.layers)]
         first = gen2_connector_cases(cases)
         args = ([arg for path in gen1 for arg in ("--case", path)] or
                 [arg for c in first for arg in ("--case", c.name)] or ["--case", "flashinfer-b128-k64"])

@@ -12,7 +12,7 @@ allocation, and each runner viewed it per layer as
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Sequence
 
 from reference import backends as bk
@@ -27,6 +27,11 @@ from reference.planning import KVCacheGroup, get_kv_cache_groups
 from reference.releases import (
     GEN1_KERNEL_BLOCK_SIZES,
     GEN1_LAYOUT_OVERRIDES,
+    HYBRID_BLOCK_ALIGNMENT,
+    HYBRID_LAYOUT_BY_SHAPE,
+    MAMBA_PAGE_PADDED_BY_UNIFY,
+    MAMBA_STATE_PAGE_VIEW,
+    MRV2_MAMBA,
     MOONCAKE_KERNEL_SYNC,
     ATTENTION_PAGES_PADDED,
     MRV2_KERNEL_BLOCKS,
@@ -38,13 +43,15 @@ from reference.releases import (
     holds,
     parse_version,
 )
-from reference.specs import AttentionSpec, KernelBlockSize, LayerSpec, SpecKind, UniformTypeSpecs, layer_spec_of
+from reference.specs import (AttentionSpec, KernelBlockSize, LayerSpec, MambaSpec, MultipleOf, SpecKind,
+                             UniformTypeSpecs, layer_spec_of)
 from reference.views import BlockBytes, Region, TensorView, make_region
 
 LAYOUTS = ("NHD", "HND")
-MODELED_KINDS = ("full", "mla", "chunked_local", "sliding_window", "sink_full")
+MODELED_KINDS = ("full", "mla", "chunked_local", "sliding_window", "sink_full", "mamba")
 """A sliding-window layer's block size is the configured one to 0.24 and its backend's smallest
-kernel block from 0.25 (``releases.SLIDING_WINDOW_BLOCK_DECOUPLED``)."""
+kernel block from 0.25 (``releases.SLIDING_WINDOW_BLOCK_DECOUPLED``); a Mamba layer's page is
+padded to the attention page the block-size negotiation picks (``hybrid_block_size``)."""
 MODELED_CACHE_DTYPES = ("auto", "float16", "bfloat16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 # Shape families of get_kv_cache_shape, as axis letters outermost first:
@@ -273,7 +280,7 @@ class Gen1Derivation:
     """Per group: ``select_common_block_size`` (what MRv1 and NIXL derive); None where it fails."""
     registered: dict[str, TensorView]
     shape_kinds: dict[str, str]
-    _geometry: dict[str, _LayerGeometry] = field(repr=False, compare=False)
+    _geometry: dict[str, "_LayerGeometry | _StateGeometry"] = field(repr=False, compare=False)
 
     @property
     def tensor_bases(self) -> tuple[int, ...]:
@@ -348,7 +355,22 @@ def use_mla(case: CaseConfig) -> bool:
     return any(layer.kind in ("mla", "sliding_window_mla") for layer in case.layers if not layer.is_draft)
 
 
-def gen1_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> AttentionSpec:
+def gen1_spec(case: CaseConfig, layer: LayerConfig, backend_name: str,
+              mamba_page_size_padded: int | None = None) -> LayerSpec:
+    """The layer's spec as its ``get_kv_cache_spec`` builds it at ``case.vllm_version`` (a Mamba
+    layer's with the page the negotiation padded it to)."""
+    if layer.kind == "mamba":
+        if layer.is_draft:
+            raise NotModeledError(f"layer {layer.name!r}: a Mamba draft is not modeled in generation 1")
+        backend = bk.get_backend(backend_name)
+        if not backend.is_ssm:
+            raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {backend_name}")
+        if case.mamba_cache_mode != "none":
+            raise NotModeledError(f"mamba_cache_mode {case.mamba_cache_mode!r} (prefix caching of Mamba state) is not "
+                                  "modeled in generation 1")
+        spec = raw_spec(case, layer, backend)
+        assert isinstance(spec, MambaSpec)
+        return spec if mamba_page_size_padded is None else replace(spec, page_size_padded=mamba_page_size_padded)
     if layer.kind not in MODELED_KINDS:
         raise NotModeledError(
             f"layer {layer.name!r}: kind {layer.kind!r} is not modeled in generation 1; "
@@ -406,6 +428,144 @@ def _select(block_size: int, members: Iterable[tuple[str, AttentionSpec]], capab
     )
 
 
+# --- hybrid (attention + Mamba) models ---------------------------------------------------
+
+
+def _state_page_bytes(layer: LayerConfig) -> int:
+    dtypes = layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes)
+    return sum(math.prod(shape) * dtype_size(d) for shape, d in zip(layer.mamba_shapes, dtypes))
+
+
+def hybrid_block_size(case: CaseConfig) -> tuple[int, int | None]:
+    """``(block size, mamba_page_size_padded)`` after the release's block-size negotiation of a
+    hybrid model (``releases.HYBRID_BLOCK_ALIGNMENT``); ``(case.block_size, None)`` without Mamba
+    layers or without attention.
+
+    The attention page per token is the model's (its first target attention layer's heads and
+    head size, the model-wide cache dtype); the state page is the model class's (the case's
+    largest). The attention block becomes the smallest multiple of the alignment whose page holds
+    the state, if that is larger than ``--block-size``; the state's page is then padded to the
+    attention page."""
+    states = [layer for layer in case.layers if layer.kind == "mamba"]
+    targets = [layer for layer in case.layers if layer.kind != "mamba" and not layer.is_draft]
+    attention = [layer for layer in case.layers if layer.kind != "mamba"]
+    if not states or not targets:
+        return case.block_size, None
+    if case.mamba_cache_mode != "none":
+        raise NotModeledError(f"mamba_cache_mode {case.mamba_cache_mode!r} (prefix caching of Mamba state) is not "
+                              "modeled in generation 1")
+    first = targets[0]
+    probe = raw_spec(case, first, bk.get_backend(first.backend))
+    assert isinstance(probe, AttentionSpec)
+    per_token = probe.page_size_bytes // probe.block_size
+    state_page = max(_state_page_bytes(layer) for layer in states)
+    mla = use_mla(case)
+    era = fact_at(HYBRID_BLOCK_ALIGNMENT, check_gen1_version(case.vllm_version))
+    assert era is not None
+    if era.value == "fixed":
+        alignment = (128 if case.attention_backend == "CUTLASS_MLA" else 64) if mla else 16
+    else:
+        # _find_non_ssm_backend: the first layer that is not a state layer, drafts included.
+        lead = attention[0]
+        lead_backend = layer_backend(case, lead, "mrv1")
+        lead_spec = raw_spec(case, lead, bk.get_backend(lead_backend))
+        assert isinstance(lead_spec, AttentionSpec)
+        sizes = gen1_kernel_block_sizes(lead_backend, lead_spec, case.capability, case.vllm_version)
+        alignment = max(min(s.base if isinstance(s, MultipleOf) else s for s in sizes), case.block_size)
+        if era.value == "backend_mla_128" and mla:
+            alignment = max(alignment, 128)
+    needed = alignment * -(-state_page // (alignment * per_token))
+    block_size = max(case.block_size, needed)
+    attention_page = block_size * per_token
+    return block_size, (None if attention_page == state_page else attention_page)
+
+
+def _check_state_pages(specs: dict[str, LayerSpec], version: Version) -> None:
+    """``unify_kv_cache_spec_page_size`` before 0.28 on a Mamba page smaller than the largest page
+    (``releases.MAMBA_PAGE_PADDED_BY_UNIFY``): it scales the state's block size, which leaves its
+    page as it is, and the assert after it fails (or the page does not divide the largest)."""
+    if holds(MAMBA_PAGE_PADDED_BY_UNIFY, version):
+        return
+    largest = max(s.page_size_bytes for s in specs.values())
+    for name, spec in specs.items():
+        if isinstance(spec, MambaSpec) and spec.page_size_bytes != largest:
+            if largest % spec.page_size_bytes:
+                message = ("The page size of the layer is not divisible by the maximum page size. Cannot unify by "
+                           "adjusting block_size." if not holds(ATTENTION_PAGES_PADDED, version) else
+                           f"Layer {name}: page size is not divisible by the maximum page size and cannot be padded.")
+                raise StartupError(message, where="vllm.v1.core.kv_cache_utils.unify_kv_cache_spec_page_size")
+            raise StartupError("AssertionError()", where="vllm.v1.core.kv_cache_utils.unify_kv_cache_spec_page_size "
+                                                       "(assert new_spec.page_size_bytes == max_page_size)")
+
+
+def _state_views(name: str, spec: MambaSpec, tensor: Gen1KVCacheTensor, group_id: int,
+                 version: Version) -> dict[str, TensorView]:
+    """What a Mamba layer registers (``releases.MAMBA_STATE_PAGE_VIEW``): from 0.27 one int8
+    ``[num_blocks, 1, 1, page]`` view; before, one strided tensor per state, ``"<layer>[i]"``:
+    ``(num_blocks, *shape)`` with the page as its block stride, after the states before it."""
+    page = spec.page_size_bytes
+    num_blocks = tensor.size // page
+    if holds(MAMBA_STATE_PAGE_VIEW, version):
+        return {name: TensorView(name=name, shape=(num_blocks, 1, 1, page), stride=(page, page, page, 1), dtype="int8",
+                                 storage_offset=0, storage_nbytes=tensor.size, group_id=group_id,
+                                 kernel_block_size=spec.block_size)}
+    views: dict[str, TensorView] = {}
+    offset = 0
+    for i, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes)):
+        size = dtype_size(dtype)
+        inner = contiguous_strides(shape)
+        views[f"{name}[{i}]"] = TensorView(
+            name=f"{name}[{i}]", shape=(num_blocks, *shape), stride=(page // size, *inner), dtype=dtype,
+            storage_offset=offset // size, storage_nbytes=tensor.size, group_id=group_id,
+            kernel_block_size=spec.block_size)
+        offset += math.prod(shape) * size
+    return views
+
+
+def _hybrid_attention_layout(view: TensorView, geometry: "_LayerGeometry", runner: str,
+                             version: Version) -> tuple[TensorView, "_LayerGeometry"]:
+    """``_update_hybrid_attention_mamba_layout`` (MRv1) / ``_update_hybrid_attention_layout``
+    (MRv2) on one attention view of a model with Mamba layers: a KV-first view (``2BNHD``: block
+    dimension 1) is restrided block-outermost, ``(hidden, 2 * hidden, ...)``, so that block *b*'s
+    K and V lie in page *b*, where the state of block *b* lies. Where the runner finds such views
+    by their shape (``releases.HYBRID_LAYOUT_BY_SHAPE``) it takes any view of ``shape[0] == 2``
+    for one, and refuses when ``shape[1]`` is 2 too."""
+    if holds(HYBRID_LAYOUT_BY_SHAPE[runner], version):
+        if view.shape[0] != 2:
+            return view, geometry
+        if view.shape[1] == 2:
+            shape = "torch.Size([" + ", ".join(map(str, view.shape)) + "])"
+            message = (f"Fail to determine whether the layout is (2, num_blocks, ...) or (num_blocks, 2, ...) for a "
+                       f"tensor of shape {shape}" if runner == "mrv1" else
+                       f"Cannot determine layout for tensor of shape {shape}")
+            raise StartupError(message, where="vllm.v1.worker." + ("gpu_model_runner._update_hybrid_attention_mamba_layout"
+                                                                   if runner == "mrv1" else
+                                                                   "gpu.attn_utils._update_hybrid_attention_layout"))
+    elif geometry.shape_kind != "2BNHD":
+        return view, geometry
+    hidden = math.prod(view.shape[2:])
+    stride = (hidden, 2 * hidden, *view.stride[2:])
+    axes = SHAPE_AXES[geometry.shape_kind]
+    es = geometry.element_size
+    return (replace(view, stride=stride),
+            replace(geometry, byte_strides={a: st * es for a, st in zip(axes, stride)}))
+
+
+@dataclass(frozen=True)
+class _StateGeometry:
+    """One Mamba layer's pages: block *b* is the page at ``base + b * page``, its state bytes first."""
+
+    name: str
+    base: int
+    page: int
+    state_bytes: int
+    shape_kind: str = "state"
+
+    def block(self, block_id: int) -> BlockBytes:
+        region = make_region(self.base + block_id * self.page, 1, [(1, self.state_bytes)])
+        return BlockBytes(self.name, block_id, region, region, None)
+
+
 def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
     """What ``register_kv_caches`` receives from ``runner`` in vLLM 0.19 to 0.28.
 
@@ -422,13 +582,19 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
         )
     version = check_gen1_version(case.vllm_version)
     layout = resolve_gen1_layout(case)
+    hybrid = any(layer.kind == "mamba" for layer in case.layers)
+    # The block-size negotiation of a hybrid model runs at start-up, before the specs are built.
+    block_size, state_page = hybrid_block_size(case)
+    spec_case = case if block_size == case.block_size else case.with_(block_size=block_size)
 
     specs: dict[str, LayerSpec] = {}
     backends: dict[str, str] = {}
     for layer in case.layers:
         name = layer_backend(case, layer, runner)
-        specs[layer.name] = gen1_spec(case, layer, name)
+        specs[layer.name] = gen1_spec(spec_case, layer, name, state_page)
         backends[layer.name] = name
+    if hybrid:
+        _check_state_pages(specs, version)
 
     if case.disable_hybrid_kv_cache_manager and holds(PROMOTED_WINDOW_KEEPS_ITS_BLOCK, version):
         _check_promotion_unifies(specs)
@@ -437,7 +603,7 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
     groups = tuple(get_kv_cache_groups(dict(specs), KVCacheLayout.LBNHC,
                                       hybrid_manager=not case.disable_hybrid_kv_cache_manager))
     grouped = {n: layer_spec_of(g.spec, n) for g in groups for n in g.layer_names}
-    if any(getattr(s, "page_size_padded", None) is not None for s in grouped.values()):
+    if any(isinstance(s, AttentionSpec) and s.page_size_padded is not None for s in grouped.values()):
         if not holds(ATTENTION_PAGES_PADDED, version):
             raise StartupError("The page size of the layer is not divisible by the maximum page size. "
                                "Cannot unify by adjusting block_size.",
@@ -452,6 +618,11 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
     expand = runner == "mrv1" or holds(MRV2_KERNEL_BLOCKS, version)
     for group in groups:
         members = [(backends[n], grouped[n]) for n in group.layer_names]
+        if isinstance(group.spec, MambaSpec):
+            # prepare_kernel_block_sizes: a state group keeps its block size (no splitting).
+            selected.append(group.spec.block_size)
+            kernel.append(group.spec.block_size)
+            continue
         if expand:
             kbs = _select(group.spec.block_size, members, case.capability, case.vllm_version)
             selected.append(kbs)
@@ -465,20 +636,37 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
                 selected.append(None)
             kernel.append(group.spec.block_size)
 
+    if hybrid and runner == "mrv2" and not holds(MRV2_MAMBA, version):
+        raise StartupError("AssertionError()", where="vllm.v1.worker.gpu.attn_utils._reshape_kv_cache "
+                                                   "(assert isinstance(kv_cache_spec, AttentionSpec))")
     registered: dict[str, TensorView] = {}
     kinds: dict[str, str] = {}
-    geometry: dict[str, _LayerGeometry] = {}
+    geometry: dict[str, _LayerGeometry | _StateGeometry] = {}
+    states: dict[str, dict[str, TensorView]] = {}
     base = 0
     for tensor in tensors:
         for name in tensor.shared_by:
             gid = next(i for i, g in enumerate(groups) if name in g.layer_names)
-            view, geo = _layer_view(name, grouped[name], backends[name], tensor, gid, kernel[gid], layout, case, base)
+            spec = grouped[name]
+            if isinstance(spec, MambaSpec):
+                states[name] = _state_views(name, spec, tensor, gid, version)
+                kinds[name] = "state"
+                geometry[name] = _StateGeometry(name, base, spec.page_size_bytes, spec.real_page_size_bytes)
+                continue
+            view, geo = _layer_view(name, spec, backends[name], tensor, gid, kernel[gid], layout, case, base)
             registered[name] = view
             kinds[name] = geo.shape_kind
             geometry[name] = geo
         base += tensor.size
-    # Dict order follows the case's layers, like the runner's kv_caches dict.
-    order = [layer.name for layer in case.layers]
+    if hybrid:
+        # The runners restride after every layer is viewed (attention groups first, MRv1's group order).
+        for name in list(registered):
+            registered[name], geometry[name] = _hybrid_attention_layout(registered[name], geometry[name], runner, version)  # type: ignore[arg-type]
+    # Dict order follows the case's layers, like the runner's kv_caches dict (a list of state
+    # tensors in its place, one entry per state).
+    for name, views in states.items():
+        registered.update(views)
+    order = [n for layer in case.layers for n in (states[layer.name] if layer.name in states else (layer.name,))]
     return Gen1Derivation(
         case=case,
         runner=runner,
@@ -491,7 +679,7 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
         kernel_block_sizes=tuple(kernel),
         selected_kernel_block_sizes=tuple(selected),
         registered={n: registered[n] for n in order},
-        shape_kinds={n: kinds[n] for n in order},
+        shape_kinds={layer.name: kinds[layer.name] for layer in case.layers},
         _geometry=geometry,
     )
 

@@ -351,6 +351,87 @@ ATTENTION_PAGES_PADDED: tuple[Fact[bool], ...] = (
 """Whether page-size unification pads an attention page that does not divide the largest one
 (before: it refuses the model)."""
 
+HYBRID_BLOCK_ALIGNMENT: tuple[Fact[str], ...] = (
+    Fact(GEN1_FIRST, "fixed",
+         "vllm/model_executor/models/config.py in 0.19.1 HybridAttentionMambaModelConfig.verify_and_update_config: "
+         "kernel_block_alignment_size = 16 for attention (64 for MLA, 128 under --attention-backend CUTLASS_MLA); "
+         "attn_block_size = alignment * cdiv(mamba_page_size, alignment * attn_page_size_1_token), raised over even a "
+         "user-given --block-size; mamba_page_size_padded = the attention page where it is larger"),
+    Fact((0, 20, 0), "backend",
+         "vllm/platforms/interface.py in 0.20.0 to 0.26.0 Platform._align_hybrid_block_size (run by "
+         "update_block_size_for_backend): the alignment is max(the smallest of the first non-SSM layer's backend's "
+         "get_supported_kernel_block_sizes() (a MultipleOf's base), cache_config.block_size)"),
+    Fact((0, 27, 0), "backend_mla_128",
+         "vllm/platforms/interface.py in 0.27.0 and 0.28.0 _align_hybrid_block_size: as before, and for an MLA model "
+         "max(alignment, 128) ('TRTLLM/FlashInfer MLA decode kernels require the physical number of kernel blocks to "
+         "be aligned to 128 / kernel_block_size')"),
+)
+"""How a generation-1 release picks the attention block size of a hybrid (attention + Mamba) model:
+the alignment its attention block is a multiple of, before the state's page is padded to the
+attention page (``reference.gen1.hybrid_block_size``)."""
+
+MAMBA_STATE_PAGE_VIEW: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/gpu_model_runner.py _reshape_kv_cache_tensors and vllm/v1/worker/gpu/attn_utils.py "
+         "_reshape_kv_cache in 0.19.1 to 0.26.0 (MRv2 from 0.21.0): a Mamba layer's cache is a list of state tensors, "
+         "torch.as_strided(raw.view(dtype), (num_blocks, *shape), (page_size_bytes // dtype_size, *contiguous), "
+         "storage_offset = the bytes of the states before it // dtype_size)"),
+    Fact((0, 27, 0), True,
+         "the same functions in 0.27.0 and 0.28.0: 'a single contiguous [num_blocks, 1, 1, page_size_bytes] int8 "
+         "page view per layer ... lets the KV connector register it without special-casing Mamba'"),
+)
+"""Whether a Mamba layer registers one int8 page view (before: a list of per-state tensors)."""
+
+MAMBA_PAGE_PADDED_BY_UNIFY: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/core/kv_cache_utils.py unify_kv_cache_spec_page_size in 0.19.1 to 0.27.0: a MambaSpec whose page is "
+         "smaller than the largest is scaled like an attention spec (its block size times the ratio, the page unchanged: "
+         "'assert new_spec.page_size_bytes == max_page_size' fails), or raises NotImplementedError where the page does "
+         "not divide the largest; the block-size negotiation pads it beforehand"),
+    Fact((0, 28, 0), True,
+         "vllm/v1/core/kv_cache_utils.py in 0.28.0: 'Mamba layers, whose page size comes from state shapes and is "
+         "independent of block size' are padded to the largest page (page_size_padded)"),
+)
+"""Whether page-size unification pads a Mamba page that is smaller than the largest one."""
+
+HYBRID_LAYOUT_BY_SHAPE: Mapping[str, tuple[Fact[bool], ...]] = {
+    "mrv1": (
+        Fact(GEN1_FIRST, True,
+             "vllm/v1/worker/gpu_model_runner.py _update_hybrid_attention_mamba_layout in 0.19.1: an attention cache "
+             "whose shape[0] == 2 is taken for (2, num_blocks, ...) and restrided block-outermost (stride (hidden, "
+             "2 * hidden, ...)), after 'assert kv_cache.shape[1] != 2' ('Fail to determine whether the layout is "
+             "(2, num_blocks, ...) or (num_blocks, 2, ...)'): a view of 2 kernel blocks refuses; observed on 0.19.1"),
+        Fact((0, 20, 0), False,
+             "the same method in 0.20.0 to 0.28.0 asks the backend: get_kv_cache_block_dim(kernel_block_size, ...) "
+             "== 1 is restrided, 0 is left"),
+    ),
+    "mrv2": (
+        Fact(GEN1_FIRST, False,
+             "vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache in 0.19.1 and 0.20.0: 'assert isinstance(kv_cache_spec, "
+             "AttentionSpec)' (MRv2 has no Mamba then: MRV2_MAMBA)"),
+        Fact((0, 21, 0), True,
+             "vllm/v1/worker/gpu/attn_utils.py _update_hybrid_attention_layout in 0.21.0 and 0.22.0: shape[0] == 2, "
+             "after 'assert kv_cache.shape[1] != 2' ('Cannot determine layout for tensor of shape ...'); observed on "
+             "0.21.0"),
+        Fact((0, 23, 0), False,
+             "the same function in 0.23.0 to 0.26.0 asks get_kv_cache_block_dim; 0.27.0 restrides no KV-first view "
+             "(_align_mixed_attention_kv_cache_views only), 0.28.0 lays KV-first views sharing an allocation with "
+             "Mamba page by page (_kv_first_layers_sharing_pool_with_mamba): every generation-1 backend is "
+             "block-first by then, so none of these touches its views"),
+    ),
+}
+"""Per runner, whether it finds the KV-first attention caches of a hybrid model by their shape
+(``shape[0] == 2``, refusing where ``shape[1]`` is 2 too) rather than by the backend's block dimension."""
+
+MRV2_MAMBA: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/gpu/attn_utils.py _reshape_kv_cache in 0.19.1 and 0.20.0: 'assert isinstance(kv_cache_spec, "
+         "AttentionSpec)' for every layer; observed on 0.19.1 (AssertionError with no message)"),
+    Fact((0, 21, 0), True,
+         "vllm/v1/worker/gpu/attn_utils.py in 0.21.0: a MambaSpec layer gets its state views"),
+)
+"""Whether MRv2 builds the KV cache of a model with Mamba layers (before: it refuses at the reshape)."""
+
 PROMOTED_WINDOW_KEEPS_ITS_BLOCK: tuple[Fact[bool], ...] = (
     Fact(GEN1_FIRST, True,
          "vllm/v1/core/kv_cache_utils.py unify_hybrid_kv_cache_specs in 0.19.1 to 0.26.0 (read off their wheels): "

@@ -9,9 +9,10 @@ from reference.config import CaseConfig, LayerConfig
 GEN1_FAMILIES = ("dense", "swa_hybrid", "mla_draft", "mamba_hybrid", "gqa_draft", "chunked_local_hybrid", "sink")
 """The random sampler's model families (``suites.strategies.FAMILIES``) that generation-1 releases
 already served. ``reference.gen1`` models dense, sliding-window, chunked-local, static-sink and MLA
-attention with full-attention and MLA drafts, and the generation-1 driver builds them; the Mamba
-cases are each reported as not built there, with the reason, and counted. The later families (R-SWA, Prefix-LM, V3.2's indexer, hidden states,
-GLM-5-next's tail ring, encoder-decoder cross attention) are left out: their layers came after 0.28."""
+attention with full-attention and MLA drafts, and Mamba hybrids (the release's block-size
+negotiation, its state views), and the generation-1 driver builds them all. The later families
+(R-SWA, Prefix-LM, V3.2's indexer, hidden states, GLM-5-next's tail ring, encoder-decoder cross
+attention) are left out: their layers came after 0.28."""
 
 _HEADS_BEFORE_TOKENS = frozenset({"LBHNC", "LHBNC", "BLHNC", "BHLNC"})
 
@@ -89,4 +90,34 @@ def gen1_cases(vllm_version: str) -> list[CaseConfig]:
         # block-table rows become narrower than the windows' (MRv2's padded rows before 0.23).
         window_hybrid("triton-swa-b64", "TRITON_ATTN", 64, 2),
         window_hybrid("fa-swa-wide-b64", "FLASH_ATTN", 64, 8),
+    ]
+
+
+def gen1_hybrid_cases(vllm_version: str) -> list[CaseConfig]:
+    """Mamba hybrids whose state page is larger than the attention page at ``--block-size``, so the
+    release's block-size negotiation raises the attention block and pads the state page
+    (``reference.gen1.hybrid_block_size``): its alignment differs by release (0.19: 16, MLA 64;
+    0.20 on: the backend's smallest kernel block or ``--block-size``; 0.27 on: MLA 128), and a
+    release registers the states as a list of tensors (to 0.26) or one int8 page view (0.27 on).
+    The layout run and the release history judge them; the generation-1 connector checks keep to
+    ``gen1_cases`` (their adapters were built for attention views)."""
+
+    def hybrid(name: str, backend: str, block_size: int, *, kind: str = "full", heads: int = 2,
+               head_size: int = 64) -> CaseConfig:
+        attention = tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind=kind, backend=backend,
+                                      num_kv_heads=1 if kind == "mla" else heads, head_size=head_size)
+                          for i in (0, 2))
+        # Mamba-2 state of a wide mixer: conv (3, 256) and SSM (16 heads, 64, 16), 35,840 bytes in bf16.
+        mixers = tuple(LayerConfig(f"model.layers.{i}.mixer", kind="mamba", backend="MAMBA2_ATTN",
+                                   mamba_shapes=((3, 256), (16, 64, 16))) for i in (1, 3))
+        return CaseConfig(name=f"gen1-{name}", layers=(attention[0], mixers[0], attention[1], mixers[1]),
+                          block_size=block_size, num_blocks=4, generation=1, vllm_version=vllm_version)
+
+    return [
+        # 512 bytes per token: 0.19 aligns to 16 (80 tokens), 0.20 on to --block-size 32 (96).
+        hybrid("mamba-fa-b32", "FLASH_ATTN", 32),
+        hybrid("mamba-flashinfer-b16", "FLASHINFER", 16),
+        hybrid("mamba-triton-b16-hnd", "TRITON_ATTN", 16).with_(layout="HND"),
+        # MLA (1,152 bytes per token): 0.19 aligns to 64, 0.20-0.26 to Triton-MLA's 16 (32), 0.27 on to 128.
+        hybrid("mamba-triton-mla-b16", "TRITON_MLA", 16, kind="mla", head_size=576),
     ]

@@ -61,7 +61,13 @@ FIDELITY_REASON = (
     "and prepare_kernel_block_sizes, and each runner's own allocate/reshape functions (MRv1 GPUModelRunner methods on a "
     "stand-in runner, MRv2 gpu/attn_utils); MRv2's kernel block sizes from MRv1's attention groups"
 )
-SUPPORTED_KINDS = ("full", "mla", "sliding_window", "chunked_local", "sink_full")
+SUPPORTED_KINDS = ("full", "mla", "sliding_window", "chunked_local", "sink_full", "mamba")
+STATE_MIXERS = {
+    "MAMBA2_ATTN": ("vllm.model_executor.layers.mamba.mamba_mixer2", "MambaMixer2"),
+    "MAMBA1_ATTN": ("vllm.model_executor.layers.mamba.mamba_mixer", "MambaMixer"),
+}
+"""Per state-space backend the case can name, the release's mixer class whose ``mamba_type``
+the layer's spec carries (0.19's is a string, later releases' an enum member)."""
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
 
 
@@ -148,6 +154,70 @@ def _own_attention_spec(layer: Any, backend: Any, vc: Any, model_dtype: Any, use
     return attention_module.Attention.get_kv_cache_spec(stand_in, config)
 
 
+def _state_backend(layer: Any) -> Any:
+    """The state-space backend class of a Mamba layer (``MambaAttentionBackendEnum``'s member)."""
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+    from gpu_impl.vllm_cpu.shims import MAMBA_BACKENDS
+
+    return MambaAttentionBackendEnum[MAMBA_BACKENDS[layer.backend]].get_class()
+
+
+def _own_state_spec(layer: Any, vc: Any) -> Any:
+    """The release's own ``MambaBase.get_kv_cache_spec`` for a Mamba layer, on a stand-in mixer
+    carrying the case's state shapes and dtypes and the ``mamba_type`` of the release's own mixer
+    class (read off its property); the block size and padded page come from the cache config, as
+    the release's negotiation left them."""
+    import importlib
+
+    import torch
+    from vllm.model_executor.layers.mamba.abstract import MambaBase
+
+    module, name = STATE_MIXERS[layer.backend]
+    mixer = getattr(importlib.import_module(module), name)
+    dtypes = layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes)
+    stand_in = SimpleNamespace(get_state_shape=lambda: tuple(tuple(s) for s in layer.mamba_shapes),
+                               get_state_dtype=lambda: tuple(getattr(torch, d) for d in dtypes),
+                               is_kv_cache_tp_replicated=False)
+    stand_in.mamba_type = mixer.mamba_type.fget(stand_in)
+    return MambaBase.get_kv_cache_spec(stand_in, vc)
+
+
+def _negotiate_hybrid_block_size(vc: Any) -> None:
+    """The release's own block-size negotiation of a hybrid (attention + Mamba) model, as engine
+    start-up runs it once the layers exist: 0.20 on ``Platform.update_block_size_for_backend``
+    (``_align_hybrid_block_size``: the first non-SSM layer's backend, the model class's state);
+    0.19 ``HybridAttentionMambaModelConfig.verify_and_update_config``. Either may raise the
+    attention block size, even a user-given one, and sets ``mamba_page_size_padded``."""
+    from vllm.platforms.interface import Platform
+
+    from gpu_impl.vllm_cpu.model_config import register_hybrid_model_class
+
+    architecture = register_hybrid_model_class()
+    vc.model_config.architecture = architecture
+    vc.model_config.architectures = [architecture]
+    if hasattr(Platform, "_align_hybrid_block_size"):
+        Platform.update_block_size_for_backend(vc)
+    else:
+        from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
+
+        HybridAttentionMambaModelConfig.verify_and_update_config(vc)
+
+
+def _registered_views(case: Any, views: dict[str, Any]) -> dict[str, ViewObs]:
+    """What each layer registered, in the case's layer order: a tensor's view; a Mamba layer of
+    the releases that register a list of state tensors (to 0.26) one view per state, as
+    ``"<layer>[i]"``."""
+    out: dict[str, ViewObs] = {}
+    for layer in case.layers:
+        cache = views.get(layer.name)
+        if isinstance(cache, (list, tuple)):
+            out.update({f"{layer.name}[{i}]": _view(t) for i, t in enumerate(cache)})
+        elif cache is not None:
+            out[layer.name] = _view(cache)
+    return out
+
+
 def _run_selector(case: Any, vc: Any, model_dtype: Any, backends: dict[str, Any]) -> str | None:
     """The release's own attention selector (``vllm/v1/attention/selector.py`` ``get_attn_backend``)
     for each layer, with the layer's backend forced as ``--attention-backend`` forces it, under the
@@ -164,6 +234,8 @@ def _run_selector(case: Any, vc: Any, model_dtype: Any, backends: dict[str, Any]
     saved = vc.attention_config.backend
     try:
         for layer in case.layers:
+            if layer.kind == "mamba":
+                continue  # a state-space layer is not the attention selector's
             vc.attention_config.backend = AttentionBackendEnum[layer.backend]
             # Query heads as the model config stand-in reports them (a GQA model).
             chosen = _call_with_signature(
@@ -329,11 +401,12 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
     runs inside the runner's ``initialize_kv_cache``. It must handle its own errors: an
     exception from it is not the runner's."""
     unsupported = [layer.name for layer in case.layers
-                   if layer.kind not in SUPPORTED_KINDS or (layer.is_draft and layer.kind not in ("full", "mla"))]
+                   if layer.kind not in SUPPORTED_KINDS or (layer.is_draft and layer.kind not in ("full", "mla"))
+                   or (layer.kind == "mamba" and layer.backend not in STATE_MIXERS)]
     if unsupported:
         return Observation(case.name, runner, shims=applied,
-                           unsupported=f"the generation-1 driver builds full-attention, sliding-window, chunked-local, static-sink "
-                                       f"and MLA layers and full-attention and MLA drafts only (not {unsupported[0]!r})")
+                           unsupported=f"the generation-1 driver builds full-attention, sliding-window, chunked-local, static-sink, "
+                                       f"MLA and Mamba-1/Mamba-2 layers and full-attention and MLA drafts only (not {unsupported[0]!r})")
     import torch
     from vllm.config import CacheConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -374,6 +447,17 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
         model_dtype = getattr(torch, case.model_dtype if case.model_dtype in ("float16", "bfloat16", "float32") else "bfloat16")
         cache_config = CacheConfig(block_size=case.block_size)
         cache_config.num_gpu_blocks_override = case.num_blocks
+        hybrid = any(layer.kind == "mamba" for layer in case.layers)
+        if hybrid:
+            # --block-size, --kv-cache-dtype (the target attention layers'), --mamba-block-size
+            # (MambaModelConfig: max_model_len unless given) and --mamba-cache-mode as the case
+            # gives them; prefix caching off, which keeps the case's cache mode (0.19's
+            # MambaModelConfig turns "none" into "all"/"align" under prefix caching).
+            cache_config.cache_dtype = next(
+                (l.cache_dtype for l in case.layers if not l.is_draft and l.kind != "mamba"), "auto")
+            cache_config.mamba_block_size = case.mamba_block_size or case.max_model_len
+            cache_config.mamba_cache_mode = case.mamba_cache_mode
+            cache_config.enable_prefix_caching = False
         vc = VllmConfig(device_config=DeviceConfig(device="cpu"), cache_config=cache_config)
         # The model's answers the driven code reads (FlashInfer's kernel block sizes from 0.24 ask
         # its query and KV heads): the layout driver's stand-in, which reports a GQA model.
@@ -385,7 +469,8 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
             backends = {}
             for layer in case.layers:
                 try:
-                    backends[layer.name] = AttentionBackendEnum[layer.backend].get_class()
+                    backends[layer.name] = (_state_backend(layer) if layer.kind == "mamba"
+                                            else AttentionBackendEnum[layer.backend].get_class())
                 except (ImportError, AssertionError, RuntimeError) as exc:  # e.g. a module allocating CUDA memory at import
                     return Observation(case.name, runner, shims=applied,
                                        unsupported=f"backend class not importable on CPU: {layer.backend}: "
@@ -411,6 +496,8 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
 
                 def get_kv_cache_spec(self, vllm_config: Any) -> Any:
                     layer = self._layer
+                    if layer.kind == "mamba":
+                        return _own_state_spec(layer, vllm_config)
                     if layer.kind == "mla":
                         # MLA keeps one latent "head" per token (MLAAttention.get_kv_cache_spec).
                         return MLAAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=1,
@@ -420,6 +507,13 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
             forward_context = vc.compilation_config.static_forward_context
             for layer in case.layers:
                 forward_context[layer.name] = _Layer(layer, backends[layer.name])
+            if hybrid:
+                stage = "negotiation"
+                # --block-size was given (set only now: the selector above, run with it, would
+                # validate it against the backend under the capability stand-in).
+                object.__setattr__(vc.cache_config, "user_specified_block_size", True)
+                _negotiate_hybrid_block_size(vc)
+                partial["cache_block_size"] = vc.cache_config.block_size
             # Each runner's own get_kv_cache_spec over them (from 0.24 it marks the specs of
             # backends that index pages by the block stride, which page padding needs).
             if runner == "mrv1":
@@ -474,7 +568,7 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                                              cache_dtype="auto", kernel_block_sizes=kernel_block_sizes,
                                              shared_kv_cache_layers={})
             # In the case's layer order, as the runner's kv_caches dict.
-            partial["registered"] = {layer.name: _view(views[layer.name]) for layer in case.layers if layer.name in views}
+            partial["registered"] = _registered_views(case, views)
             # What the contract holds the views to: vLLM's own spec objects' page sizes and
             # dtypes, the kernel block sizes each backend declares, which storage each view is in.
             from gpu_impl.vllm_cpu import spec_facts
@@ -485,7 +579,9 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                 partial["supported_kernel_block_sizes"] = spec_facts.supported_kernel_block_sizes(kcc, backends)
             except AttributeError:
                 pass  # a release whose backends declare no kernel block sizes: not judged
-            partial["storage_of"] = spec_facts.storage_numbers({n: views[n] for n in partial["registered"]})
+            # (A list of Mamba state tensors has no one storage number: its views are bounds-checked only.)
+            partial["storage_of"] = spec_facts.storage_numbers({layer.name: views[layer.name] for layer in case.layers
+                                                                if not isinstance(views.get(layer.name, ()), (list, tuple))})
             if schedules:
                 stage = "schedules"
                 if runner == "mrv1":
@@ -508,7 +604,8 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                 on_registered(RegisteredKV(vc, kcc, backends, kernel_block_sizes,
                                            {layer.name: views[layer.name] for layer in case.layers if layer.name in views}))
     except VLLM_ERRORS as exc:
-        return Observation(case.name, runner, error=f"{type(exc).__name__}: {exc}", error_stage=stage, **partial)
+        # A bare assert says nothing: its repr (AssertionError()) stands for it, as generation 2's driver does.
+        return Observation(case.name, runner, error=f"{type(exc).__name__}: {str(exc) or repr(exc)}", error_stage=stage, **partial)
     except _UnknownSignature as exc:
         return Observation(case.name, runner, shims=applied, unsupported=str(exc))
     finally:

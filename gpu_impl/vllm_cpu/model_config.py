@@ -73,6 +73,10 @@ class ModelConfigStandIn:
             # count the TP size divides; the case does not carry one.
             self.hf_config.sparse_attention_config = {"sparse_num_index_heads": 4 * max(case.tensor_parallel_size, 1)}
         self.architectures: list[str] = []  # no model class (0.22's init_model_state looks for Whisper)
+        # The state layer whose page is largest: what a hybrid model class reports for its
+        # mixers (one shape for every Mamba layer of a real model).
+        states = [l for l in case.layers if l.kind == "mamba"]
+        self._state_layer = max(states, key=_state_bytes) if states else None
         self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
 
     def __getattr__(self, name: str):
@@ -110,5 +114,64 @@ class ModelConfigStandIn:
     def get_vocab_size(self) -> int:
         return 256  # sizes InputBatch's token buffers only
 
+    def state_shapes_and_dtypes(self) -> tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]:
+        """The case's Mamba state (shapes, torch dtypes), as its model class reports them."""
+        import torch
 
-__all__ = ["ModelConfigStandIn"]
+        layer = self._state_layer
+        if layer is None:
+            return (), ()
+        dtypes = layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes)
+        return tuple(tuple(s) for s in layer.mamba_shapes), tuple(getattr(torch, d) for d in dtypes)
+
+
+def _state_bytes(layer) -> int:
+    import math
+
+    import torch
+
+    dtypes = layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes)
+    return sum(math.prod(s) * getattr(torch, d).itemsize for s, d in zip(layer.mamba_shapes, dtypes))
+
+
+HYBRID_ARCHITECTURE = "KvconformCaseHybridForCausalLM"
+"""The architecture name under which ``hybrid_model_class`` is registered with vLLM's ModelRegistry."""
+
+
+def register_hybrid_model_class() -> str:
+    """Register, once per process, the model class a hybrid case's config names, and return its
+    architecture. A release's block-size negotiation (``Platform._align_hybrid_block_size``,
+    0.19's ``HybridAttentionMambaModelConfig``) resolves the model class through
+    ``ModelRegistry`` and asks it for the Mamba state's shapes and dtypes: a model fact, which
+    the stand-in answers from the case (``ModelConfigStandIn.state_shapes_and_dtypes``); the
+    negotiation itself is the release's."""
+    global _REGISTERED
+    if not _REGISTERED:
+        from torch import nn
+        from vllm.model_executor.models import ModelRegistry
+
+        class KvconformCaseHybridForCausalLM(nn.Module):
+            """A hybrid (attention + Mamba) model as far as the block-size negotiation asks."""
+
+            is_hybrid = True
+
+            @classmethod
+            def get_mamba_state_shape_from_config(cls, vllm_config):
+                return vllm_config.model_config.state_shapes_and_dtypes()[0]
+
+            @classmethod
+            def get_mamba_state_dtype_from_config(cls, vllm_config):
+                return vllm_config.model_config.state_shapes_and_dtypes()[1]
+
+            def embed_input_ids(self, input_ids):  # the registry inspects for it; never called
+                raise NotImplementedError
+
+        ModelRegistry.register_model(HYBRID_ARCHITECTURE, KvconformCaseHybridForCausalLM)
+        _REGISTERED = True
+    return HYBRID_ARCHITECTURE
+
+
+_REGISTERED = False
+
+
+__all__ = ["HYBRID_ARCHITECTURE", "ModelConfigStandIn", "register_hybrid_model_class"]
