@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reference.config import CaseConfig
-from reference.releases import (BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED, MRV1_MOVE_ROW_CLEARS_SOURCE,
+from reference.releases import (BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED, MRV1_MOVE_ROW_CLEARS_SOURCE, MRV1_ROWS_BLOCK_ALIGNED,
+                                MRV1_STATE_SLOTS_SKIPPED,
                                 MRV2_FREES_SLOTS_IN_ID_ORDER, holds)
 
 from conformance.divergence import draft_layers
@@ -78,6 +79,11 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
         scenarios = [dict(sc, mrv2_frees_in_id_order=False) for sc in scenarios]
     if not holds(BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED, case.vllm_version):
         scenarios = [dict(sc, widths_token_aligned=False) for sc in scenarios]
+    if not holds(MRV1_STATE_SLOTS_SKIPPED, case.vllm_version):
+        scenarios = [dict(sc, groups=[dict(g, mrv1_slot_mapping="token") if g.get("kind") == "mamba" else g
+                                      for g in sc["groups"]]) for sc in scenarios]
+    if holds(MRV1_ROWS_BLOCK_ALIGNED, case.vllm_version):
+        scenarios = [dict(sc, mrv1_widths_block_aligned=True) for sc in scenarios]
     kernels = {runner: _kernel_sizes_by_owner(case, d) for runner, d in derivations.items()}
     if case.generation == 1:
         scenarios = [dict(sc, draft=None) for sc in scenarios]  # the generation-1 driver runs no drafter

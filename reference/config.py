@@ -419,8 +419,10 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
          "mrv1_move_clears_source": bool,                # default true; false: vLLM < 0.27 (#49757)
          "mrv2_frees_in_id_order": bool,                 # default true; false: vLLM < 0.29 (set order:
                                                          # which slot a request takes is not compared)
-         "widths_token_aligned": bool}                   # default true; false: vLLM < 0.27 (no
+         "widths_token_aligned": bool,                   # default true; false: vLLM < 0.27 (no
                                                          # get_block_table_width: rows unaligned)
+         "mrv1_widths_block_aligned": bool}              # default false; true: vLLM 0.21-0.26 (MRv1
+                                                         # rows to a multiple of 128 // B blocks)
     """
     if not isinstance(scenario, Mapping):
         raise ScenarioError(f"scenario {scenario!r} is not a JSON object")
@@ -436,7 +438,8 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
     sc["steps"] = [_normalize_step(s, len(sc["groups"])) for s in sc["steps"]]
     sc["draft"] = _normalize_draft(sc.get("draft"), sc["groups"])
     sc["kernel_ids"] = _normalize_kernel_ids(sc.get("kernel_ids"), len(sc["groups"]))
-    for flag in ("mrv1_move_clears_source", "mrv2_frees_in_id_order", "widths_token_aligned"):
+    sc.setdefault("mrv1_widths_block_aligned", False)
+    for flag in ("mrv1_move_clears_source", "mrv2_frees_in_id_order", "widths_token_aligned", "mrv1_widths_block_aligned"):
         sc.setdefault(flag, True)
         if not isinstance(sc[flag], bool):
             raise ScenarioError(f"{flag} {sc[flag]!r} is not true or false")

@@ -524,6 +524,34 @@ BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED: tuple[Fact[bool], ...] = (
 )
 """Whether the block-table rows of token groups are widened to span a multiple of 128 tokens."""
 
+MRV1_ROWS_BLOCK_ALIGNED: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/block_table.py MultiGroupBlockTable.__init__ in 0.19.1 and 0.20.0: each group's row is "
+         "max_num_blocks_per_req wide"),
+    Fact((0, 21, 0), True,
+         "vllm/v1/worker/block_table.py in 0.21.0 to 0.26.0 (read off their wheels): 'Align to a multiple of "
+         "(128 / block_size) as required by some attention backends such as TRTLLM (#39324)': max_num_blocks = "
+         "cdiv(n, 128 // bs) * (128 // bs) if bs <= 128, every group's (a Mamba group's single block too); observed "
+         "on 0.21.0 (a 64-token Mamba group's row is 2 blocks wide)"),
+    Fact((0, 27, 0), False,
+         "vllm/v1/worker/block_table.py in 0.27.0: replaced by get_block_table_width for token groups "
+         "(BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED)"),
+)
+"""Whether MRv1 rounds every group's block-table row up to a multiple of ``128 // block_size``
+blocks (blocks of at most 128 tokens), a state group's too."""
+
+MRV1_STATE_SLOTS_SKIPPED: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False,
+         "vllm/v1/worker/block_table.py in 0.19.1 to 0.25.0 (read off their wheels): no SlotMappingMode; MRv1 computes "
+         "every group's slot mapping from its rows, a Mamba group's too (block_table[p // B] * B + p % B); observed "
+         "on 0.21.0 and 0.25.0"),
+    Fact((0, 26, 0), True,
+         "vllm/v1/worker/gpu_model_runner.py in 0.26.0 may_reinitialize_input_batch: SlotMappingMode.NONE for a "
+         "group whose spec is not an attention spec (its slot mapping is not computed)"),
+)
+"""Whether MRv1 leaves the slot mapping of a state (Mamba) group uncomputed; before, it maps its
+tokens like an attention group's."""
+
 MRV2_DCP_SHARDING_PER_GROUP: tuple[Fact[bool], ...] = (
     Fact(GEN2_FACTS_FROM, False,
          "vllm/v1/worker/gpu/block_table.py in 0.30.0 (read off its wheel): BlockTables takes no dcp_sharded and "

@@ -212,7 +212,9 @@ class MRv1MultiGroupBlockTable:
     """MRv1 ``MultiGroupBlockTable`` (``vllm/v1/worker/block_table.py``): one table per group.
 
     Widths are ``get_block_table_width(max_num_blocks[g], B_g, 128)`` for token groups and
-    unaligned for ``"none"`` (Mamba) groups and without ``token_aligned`` (vLLM before 0.27),
+    unaligned for ``"none"`` (Mamba) groups and without ``token_aligned`` (vLLM before 0.27);
+    ``block_aligned`` (vLLM 0.21 to 0.26) rounds every group of blocks up to 128 tokens to a
+    multiple of ``128 // B`` blocks instead,
     times ``blocks_per_kv_block[g]`` (vLLM before 0.32: rows of kernel block ids). Row
     operations are forwarded to every group.
     """
@@ -231,6 +233,7 @@ class MRv1MultiGroupBlockTable:
         blocks_per_kv_block: Sequence[int] | None = None,
         move_clears_source: bool = True,
         token_aligned: bool = True,
+        block_aligned: bool = False,
     ) -> None:
         if len(block_sizes) != len(max_num_blocks):
             raise ConfigError(
@@ -243,6 +246,10 @@ class MRv1MultiGroupBlockTable:
         tables = []
         for g, (b, m, mode, ratio) in enumerate(zip(block_sizes, max_num_blocks, modes, ratios)):
             align = DEFAULT_TOKEN_ALIGNMENT if mode is SlotMappingMode.TOKEN_TO_KV_SLOT and token_aligned else None
+            if block_aligned and b <= DEFAULT_TOKEN_ALIGNMENT:
+                # vLLM 0.21-0.26 (#39324): every group's row, a state group's too, to a multiple of 128 // B blocks.
+                step = DEFAULT_TOKEN_ALIGNMENT // b
+                m = -(-m // step) * step
             tables.append(MRv1BlockTable(
                 b, max_num_reqs, get_block_table_width(m, b, align) * ratio, max_num_batched_tokens,
                 slot_mapping_mode=mode, dcp_world_size=dcp_world_size, dcp_rank=dcp_rank,

@@ -88,6 +88,7 @@ class _MRv1Model:
             [g["max_num_blocks"] for g in groups], I, [g["mrv1_slot_mapping"] for g in groups],
             dcp_world_size=W, dcp_rank=r, blocks_per_kv_block=stored_ratios(sc, "mrv1"),
             move_clears_source=sc["mrv1_move_clears_source"], token_aligned=sc["widths_token_aligned"],
+            block_aligned=sc["mrv1_widths_block_aligned"],
         )
         self.state = MRv1ScheduleState(self.tables)
         self.widths = self.tables.widths

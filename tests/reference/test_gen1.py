@@ -6,13 +6,17 @@ of a contiguous tensor are products of the inner sizes; bf16 is 2 bytes.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from reference.specs import SpecKind
 from reference.config import CaseConfig, LayerConfig, uniform_layers
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.gen1 import (
+    hybrid_block_size,
     derive_gen1,
     gen1_kv_cache_shape,
     gen1_stride_order,
@@ -504,3 +508,73 @@ def test_flashinfer_mla_is_hnd_on_every_capability() -> None:
     for capability in ((9, 0), (10, 0)):
         assert derive_gen1(gen1("fi-mla", mla, block_size=64, layout="NHD", capability=capability,
                                 vllm_version="0.28.0")).layout == "HND"
+
+
+# --- Mamba hybrids (HYBRID_BLOCK_ALIGNMENT, MAMBA_STATE_PAGE_VIEW, HYBRID_LAYOUT_BY_SHAPE, MRV2_MAMBA) ---
+
+
+def _hybrid(release: str, name: str) -> CaseConfig:
+    from suites.release_cases import gen1_hybrid_cases
+
+    return next(c for c in gen1_hybrid_cases(release) if c.name == f"gen1-{name}")
+
+
+@pytest.mark.parametrize(("release", "name", "block_size"), [
+    # 0.19: alignment 16 (MLA 64); 0.20 on: the backend's smallest kernel block or --block-size; 0.27 on: MLA 128.
+    ("0.19.1", "mamba-fa-b32", 80), ("0.21.0", "mamba-fa-b32", 96), ("0.21.0", "mamba-flashinfer-b16", 80),
+    ("0.19.1", "mamba-triton-mla-b16", 64), ("0.21.0", "mamba-triton-mla-b16", 32), ("0.26.0", "mamba-triton-mla-b16", 32),
+    ("0.27.0", "mamba-triton-mla-b16", 128), ("0.28.0", "mamba-triton-mla-b16", 128),
+])
+def test_the_negotiation_raises_the_attention_block_per_release_and_pads_the_state(release, name, block_size) -> None:
+    case = _hybrid(release, name)
+    negotiated, padded = hybrid_block_size(case)
+    assert negotiated == block_size
+    d = derive_gen1(case, "mrv1")
+    attention_page = {g.spec.page_size_bytes for g in d.groups}
+    assert attention_page == {padded}, "every group, the states' too, has the one attention page"
+    assert {g.spec.block_size for g in d.groups if g.spec.kind is not SpecKind.MAMBA} == {block_size}
+
+
+def test_a_small_state_keeps_the_configured_block_and_still_gets_padded() -> None:
+    case = _hybrid("0.24.0", "mamba-fa-b32").with_(layers=tuple(
+        replace(l, mamba_shapes=((3, 8), (1, 16, 8))) if l.kind == "mamba" else l for l in _hybrid("0.24.0", "mamba-fa-b32").layers))
+    assert hybrid_block_size(case) == (32, 32 * 512)
+
+
+def test_states_register_as_a_list_to_0_26_and_as_one_int8_page_view_from_0_27() -> None:
+    listed = derive_gen1(_hybrid("0.26.0", "mamba-fa-b32"), "mrv1").registered
+    conv, ssm = listed["model.layers.1.mixer[0]"], listed["model.layers.1.mixer[1]"]
+    page = 96 * 512
+    assert (conv.shape, conv.stride, conv.storage_offset) == ((4, 3, 256), (page // 2, 256, 1), 0)
+    assert (ssm.shape, ssm.stride, ssm.storage_offset) == ((4, 16, 64, 16), (page // 2, 1024, 16, 1), 3 * 256)
+    assert "model.layers.1.mixer" not in listed
+    paged = derive_gen1(_hybrid("0.27.0", "mamba-fa-b32"), "mrv2").registered["model.layers.1.mixer"]
+    assert (paged.shape, paged.stride, paged.dtype) == ((4, 1, 1, page), (page, page, page, 1), "int8")
+
+
+def test_a_kv_first_view_beside_states_is_restrided_block_outermost() -> None:
+    # FA is KV-first to 0.22: (2, num_blocks, ...) becomes (hidden, 2 * hidden, ...) so block b is page b.
+    d = derive_gen1(_hybrid("0.22.0", "mamba-fa-b32"), "mrv1")
+    view = d.registered["model.layers.0.self_attn.attn"]
+    hidden = 96 * 2 * 64
+    assert view.shape == (2, 4, 96, 2, 64) and view.stride[:2] == (hidden, 2 * hidden)
+    assert merged_runs([d.block_bytes("model.layers.0.self_attn.attn", 1).page]) == ((2 * hidden * 2, 4 * hidden * 2),)
+
+
+@pytest.mark.parametrize(("release", "runner", "refuses"), [
+    ("0.19.1", "mrv1", True), ("0.20.0", "mrv1", False), ("0.21.0", "mrv2", True), ("0.22.0", "mrv2", True),
+    ("0.23.0", "mrv2", False),
+])
+def test_the_shape_heuristic_refuses_a_view_of_two_kernel_blocks(release, runner, refuses) -> None:
+    case = _hybrid(release, "mamba-fa-b32").with_(num_blocks=2)  # FA splits no block: 2 kernel blocks
+    if refuses:
+        with pytest.raises(StartupError, match="determine"):
+            derive_gen1(case, runner)
+    else:
+        assert derive_gen1(case, runner).num_blocks == 2
+
+
+def test_mrv2_refuses_states_before_0_21() -> None:
+    with pytest.raises(StartupError, match="AssertionError"):
+        derive_gen1(_hybrid("0.20.0", "mamba-fa-b32"), "mrv2")
+    assert derive_gen1(_hybrid("0.21.0", "mamba-fa-b32"), "mrv2").num_blocks == 4

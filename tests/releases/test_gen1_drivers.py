@@ -10,7 +10,7 @@ import pytest
 
 from conformance.diff import compare, compare_runners
 from reference.gen1 import mrv1_mrv2_differences
-from reference.releases import MRV2_KERNEL_BLOCKS, holds
+from reference.releases import MAMBA_STATE_PAGE_VIEW, MRV2_KERNEL_BLOCKS, holds
 from installed_release import installed_version, release_cases
 
 
@@ -153,3 +153,34 @@ def test_flashinfer_on_sm100_runs_hnd_with_the_releases_own_page_sizes(runner: s
         assert list(observation.kernel_block_sizes) == [128 if large_pages else 64]
     after = observe(base.with_(layout="NHD"), runner)
     assert after.layout == "NHD", after.layout
+
+
+def _hybrid_cases():
+    from suites.release_cases import gen1_hybrid_cases
+
+    try:
+        return gen1_hybrid_cases(installed_version())
+    except Exception:  # noqa: BLE001 - no vLLM: the folder's fixture skips with the reason
+        return gen1_hybrid_cases("0.21.0")
+
+
+@pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
+@pytest.mark.parametrize("case", _hybrid_cases(), ids=lambda c: c.name)
+def test_a_mamba_hybrid_negotiates_its_block_and_registers_its_states_as_predicted(case, runner: str) -> None:
+    """The release's own negotiation raises the attention block where the state outgrows its page
+    (0.19: to a multiple of 16, MLA 64; 0.20 on: of the backend's smallest kernel block or
+    --block-size; 0.27 on: MLA 128), and each runner's reshape registers the states as the
+    reference says (a list per state to 0.26, one int8 page view from 0.27; MRv2 refuses before 0.21)."""
+    from gpu_impl.vllm_cpu.planning import observe
+    from reference.gen1 import hybrid_block_size
+
+    observation = observe(case, runner)
+    assert observation.unsupported is None, observation.unsupported
+    assert observation.cache_block_size == hybrid_block_size(case)[0] > case.block_size
+    result = compare(case, runner, observation)
+    assert result.status == "pass", [d.message for d in result.divergences] or result.detail
+    if observation.error is None:
+        states = [name for name in observation.registered if "mixer" in name]
+        listed = not holds(MAMBA_STATE_PAGE_VIEW, installed_version())
+        assert states == (["model.layers.1.mixer[0]", "model.layers.1.mixer[1]", "model.layers.3.mixer[0]",
+                           "model.layers.3.mixer[1]"] if listed else ["model.layers.1.mixer", "model.layers.3.mixer"])
