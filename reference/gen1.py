@@ -32,6 +32,7 @@ from reference.releases import (
     MAMBA_PAGE_PADDED_BY_UNIFY,
     MAMBA_STATE_PAGE_VIEW,
     MRV2_MAMBA,
+    PADDED_PAGE_VIEW,
     MOONCAKE_KERNEL_SYNC,
     ATTENTION_PAGES_PADDED,
     MRV2_KERNEL_BLOCKS,
@@ -600,16 +601,21 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
         _check_promotion_unifies(specs)
     # Gen 1 groups with the same HMA algorithm; a layer-compact layout keeps the
     # block-outermost (gen-2 packed) branch out of it.
-    groups = tuple(get_kv_cache_groups(dict(specs), KVCacheLayout.LBNHC,
-                                      hybrid_manager=not case.disable_hybrid_kv_cache_manager))
+    try:
+        groups = tuple(get_kv_cache_groups(dict(specs), KVCacheLayout.LBNHC,
+                                          hybrid_manager=not case.disable_hybrid_kv_cache_manager))
+    except StartupError:
+        if holds(ATTENTION_PAGES_PADDED, version) and any(isinstance(s, AttentionSpec) and s.kind.is_mla
+                                                          for s in specs.values()):
+            # Generation 1 pads an MLA page too (its backends opt in); the shared unification refuses it.
+            raise NotModeledError("a padded MLA page (generation 1 from 0.24) is not modeled") from None
+        raise
     grouped = {n: layer_spec_of(g.spec, n) for g in groups for n in g.layer_names}
     if any(isinstance(s, AttentionSpec) and s.page_size_padded is not None for s in grouped.values()):
         if not holds(ATTENTION_PAGES_PADDED, version):
             raise StartupError("The page size of the layer is not divisible by the maximum page size. "
                                "Cannot unify by adjusting block_size.",
                                where="vllm.v1.core.kv_cache_utils.unify_kv_cache_spec_page_size")
-        raise NotModeledError("page padding in unify_kv_cache_spec_page_size (vLLM 0.24 on) is not modeled in "
-                              "generation 1")
     num_blocks = _num_blocks(case, groups)
     tensors = place_gen1_tensors(groups, num_blocks)
 
@@ -712,7 +718,17 @@ def _layer_view(
     order = gen1_stride_order(backend, layout, vllm_version=case.vllm_version)
     strides = permuted_view_strides(shape, order)
     es = dtype_size(spec.dtype)
-    if math.prod(shape) * es != tensor.size:
+    padded = spec.page_size_padded is not None
+    if padded:
+        # PADDED_PAGE_VIEW: as_strided with every kernel block strided by the padded logical page (#54877).
+        assert holds(PADDED_PAGE_VIEW, case.vllm_version)
+        if shape[0] != num_blocks * ratio:
+            raise StartupError(
+                f"Padded KV pages require a num-blocks-first KV cache layout (got shape {shape} with "
+                f"num_blocks={num_blocks * ratio}); kv-first layouts are not supported.",
+                where="vllm.v1.worker.gpu.attn_utils._reshape_attention_kv_cache")
+        strides = (page // es, *strides[1:])
+    elif math.prod(shape) * es != tensor.size:
         # .view(permuted_shape) would raise: the element count must match exactly.
         raise NotModeledError(f"layer {name!r}: shape {shape} does not fill its {tensor.size}-byte raw tensor")
     kind = gen1_layout(backend, case.vllm_version).shape

@@ -349,7 +349,22 @@ ATTENTION_PAGES_PADDED: tuple[Fact[bool], ...] = (
          "padded')"),
 )
 """Whether page-size unification pads an attention page that does not divide the largest one
-(before: it refuses the model)."""
+(before: it refuses the model). Every generation-1 backend kvconform drives opts in
+(``AttentionBackend.indexes_kv_by_block_stride()`` is true under NHD and HND for FLASH_ATTN,
+FLASHINFER, TRITON_ATTN, FLEX_ATTENTION, TRITON_MLA, FLASHMLA and, from 0.25, FLASHINFER_MLA:
+observed on 0.24.0 to 0.28.0); the padded page is then viewed as ``PADDED_PAGE_VIEW`` says."""
+
+PADDED_PAGE_VIEW: tuple[Fact[bool], ...] = (
+    Fact(GEN1_FIRST, False, "no padded attention pages before 0.24.0 (ATTENTION_PAGES_PADDED)"),
+    Fact((0, 24, 0), True,
+         "vllm/v1/worker/gpu/attn_utils.py _reshape_attention_kv_cache in 0.24.0 to 0.28.0 (both runners call it "
+         "with num_blocks * blocks_per_kv_block): 'assert kv_cache_shape[0] == num_blocks' (a num-blocks-first "
+         "layout), then torch.as_strided over the permuted shape's contiguous strides with the block dimension's "
+         "stride replaced by page_size_bytes // dtype_size: each kernel block strided by a whole padded logical "
+         "page (vllm-project/vllm#54877)"),
+)
+"""Whether a padded attention page is viewed with ``torch.as_strided``, each *kernel* block strided by
+the padded *logical* page (the upstream bug #54877 where a block is split)."""
 
 HYBRID_BLOCK_ALIGNMENT: tuple[Fact[str], ...] = (
     Fact(GEN1_FIRST, "fixed",

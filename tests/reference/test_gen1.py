@@ -12,7 +12,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from reference.specs import SpecKind
+from reference.specs import SpecKind, layer_spec_of
 from reference.config import CaseConfig, LayerConfig, uniform_layers
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.gen1 import (
@@ -456,12 +456,30 @@ def test_a_window_takes_the_configured_block_until_0_25_then_the_smallest_kernel
         assert _sliding_window_block_size("TRITON_ATTN", gen1_spec(case, window, "TRITON_ATTN"), case) == own
 
 
-def test_a_page_that_does_not_divide_is_refused_before_0_24_and_not_modeled_after() -> None:
+def test_a_page_that_does_not_divide_is_refused_before_0_24_and_padded_after() -> None:
     # Full pages 64 * 2*2*64*2 = 32768 bytes, window pages of 3 heads 49152: no whole ratio.
     with pytest.raises(StartupError, match="^The page size of the layer is not divisible by the maximum page size"):
         derive_gen1(_window_hybrid("0.23.0", window_heads=3))
-    with pytest.raises(NotModeledError, match="page padding"):
-        derive_gen1(_window_hybrid("0.24.0", window_heads=3))
+    d = derive_gen1(_window_hybrid("0.24.0", window_heads=3))
+    full = d.registered["model.layers.0.self_attn.attn"]
+    # Triton splits no 64-token block: each block strided by the padded 49,152-byte page, its 32,768 bytes first.
+    assert full.shape[0] == d.num_blocks and full.stride[0] == 49152 // 2
+    assert merged_runs([d.block_bytes("model.layers.0.self_attn.attn", 1).page]) == ((49152, 49152 + 32768),)
+
+
+def test_a_padded_page_split_into_kernel_blocks_strides_each_by_the_whole_page_54877() -> None:
+    # FlashInfer splits a 96-token block into 3 kernel blocks of 32: each kernel block is strided by
+    # the padded logical page (vllm/v1/worker/gpu/attn_utils.py _reshape_attention_kv_cache, #54877),
+    # so the view reaches 3 times past its tensor (the contract's view_bounds; an expectation).
+    case = _window_hybrid("0.24.0", window_heads=3)  # 0.24: the window takes the configured block
+    case = case.with_(block_size=96, layers=tuple(replace(l, backend="FLASHINFER") for l in case.layers))
+    d = derive_gen1(case)
+    padded = [n for g in d.groups for n in g.layer_names if getattr(layer_spec_of(g.spec, n), "page_size_padded", None)]
+    assert padded
+    view = d.registered[padded[0]]
+    page = layer_spec_of(d.groups[d.group_of(padded[0])].spec, padded[0]).page_size_bytes
+    ratio = d.block_ratio(d.group_of(padded[0]))
+    assert ratio > 1 and view.shape[0] == d.num_blocks * ratio and view.stride[0] * 2 == page
 
 
 def test_a_disabled_hybrid_manager_refuses_a_window_of_its_own_block_in_0_25_and_0_26_only() -> None:
