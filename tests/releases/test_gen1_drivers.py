@@ -184,3 +184,28 @@ def test_a_mamba_hybrid_negotiates_its_block_and_registers_its_states_as_predict
         listed = not holds(MAMBA_STATE_PAGE_VIEW, installed_version())
         assert states == (["model.layers.1.mixer[0]", "model.layers.1.mixer[1]", "model.layers.3.mixer[0]",
                            "model.layers.3.mixer[1]"] if listed else ["model.layers.1.mixer", "model.layers.3.mixer"])
+
+
+def test_a_page_that_does_not_divide_is_refused_before_0_24_and_viewed_padded_after() -> None:
+    """Full-attention pages of 2 heads beside sliding-window pages of 3 (Triton, 64-token blocks):
+    no whole ratio, so before 0.24 vLLM refuses and from 0.24 it pads the smaller page and views it
+    with ``as_strided`` (``releases.PADDED_PAGE_VIEW``); both runners as the reference says."""
+    from gpu_impl.vllm_cpu.planning import observe
+    from reference.config import CaseConfig, LayerConfig
+    from reference.gen1 import derive_gen1
+    from reference.releases import ATTENTION_PAGES_PADDED
+
+    layers = tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", backend="TRITON_ATTN", num_kv_heads=2, head_size=64)
+                   for i in (0, 1))
+    windows = tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind="sliding_window", sliding_window=128,
+                                backend="TRITON_ATTN", num_kv_heads=3, head_size=64) for i in (2, 3))
+    case = CaseConfig(name="gen1-triton-swa-padded-b64", layers=layers + windows, block_size=64, num_blocks=4,
+                      generation=1, vllm_version=installed_version())
+    for runner in ("mrv1", "mrv2"):
+        observation = observe(case, runner)
+        result = compare(case, runner, observation)
+        assert result.status == "pass", [d.message for d in result.divergences] or result.detail
+        assert (observation.error is None) == holds(ATTENTION_PAGES_PADDED, installed_version()), observation.error
+    if holds(ATTENTION_PAGES_PADDED, installed_version()):
+        d = derive_gen1(case)
+        assert any(getattr(g.spec, "page_size_padded", None) for g in d.groups)
