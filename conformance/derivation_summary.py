@@ -68,7 +68,7 @@ def gen1_summary(d: Any) -> dict[str, Any]:
         "kernel_block_sizes": list(d.kernel_block_sizes),
         "tensors": [{"shared_by": list(t.shared_by), "size": t.size} for t in d.kv_cache_tensors],
         "registered": {
-            name: {"shape": list(v.shape), "stride": list(v.stride), "dtype": v.dtype, "backend": d.layer_backends[name]}
+            name: {"shape": list(v.shape), "stride": list(v.stride), "dtype": v.dtype, "backend": d.layer_backends[d.layer_of(name)]}
             for name, v in d.registered.items()
         },
     }

@@ -97,7 +97,7 @@ def explain_gen1(d, block_id: int = 1) -> str:
     lines.append("")
     rows = [["layer", "backend", "shape", "stride (elements)", "dtype", "tensor"]]
     for name, view in d.registered.items():
-        rows.append([name, d.layer_backends[name], str(view.shape), str(view.stride), view.dtype, str(d.tensor_index(name))])
+        rows.append([name, d.layer_backends[d.layer_of(name)], str(view.shape), str(view.stride), view.dtype, str(d.tensor_index(name))])
     lines += _table(rows)
     lines += _block_lines(d, block_id, "virtual byte addresses: tensor i starts after tensors < i")
     return "\n".join(lines)

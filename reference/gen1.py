@@ -292,13 +292,25 @@ class Gen1Derivation:
             at += t.size
         return tuple(bases)
 
+    def layer_of(self, registered: str) -> str:
+        """The layer a registered entry belongs to: itself, or for ``"<layer>[i]"`` (state *i* of a
+        Mamba layer that registers a list of state tensors) the layer."""
+        if registered in self.layer_backends:
+            return registered
+        base, bracket, _ = registered.rpartition("[")
+        if bracket and base in self.layer_backends:
+            return base
+        raise ConfigError(f"{registered!r} is not one of the case's layers or their registered states")
+
     def tensor_index(self, layer: str) -> int:
+        layer = self.layer_of(layer)
         for i, t in enumerate(self.kv_cache_tensors):
             if layer in t.shared_by:
                 return i
         raise ConfigError(f"layer {layer!r} is not one of the case's layers")
 
     def group_of(self, layer: str) -> int:
+        layer = self.layer_of(layer)
         for gid, g in enumerate(self.groups):
             if layer in g.layer_names:
                 return gid

@@ -596,3 +596,15 @@ def test_mrv2_refuses_states_before_0_21() -> None:
     with pytest.raises(StartupError, match="AssertionError"):
         derive_gen1(_hybrid("0.20.0", "mamba-fa-b32"), "mrv2")
     assert derive_gen1(_hybrid("0.21.0", "mamba-fa-b32"), "mrv2").num_blocks == 4
+
+
+def test_a_registered_state_names_its_layer_in_explain_and_the_summary() -> None:
+    from conformance.derivation_summary import gen1_summary
+    from conformance.explain import explain_gen1
+
+    d = derive_gen1(_hybrid("0.24.0", "mamba-triton-mla-b16"))
+    assert d.layer_of("model.layers.1.mixer[1]") == "model.layers.1.mixer" and d.tensor_index("model.layers.1.mixer[1]") == 0
+    with pytest.raises(ConfigError):
+        d.layer_of("model.layers.9.mixer[0]")
+    assert "model.layers.1.mixer[1]        MAMBA2_ATTN" in explain_gen1(d)
+    assert gen1_summary(d)["registered"]["model.layers.3.mixer[0]"]["backend"] == "MAMBA2_ATTN"
