@@ -415,10 +415,11 @@ HYBRID_LAYOUT_BY_SHAPE: Mapping[str, tuple[Fact[bool], ...]] = {
              "vllm/v1/worker/gpu_model_runner.py _update_hybrid_attention_mamba_layout in 0.19.1: an attention cache "
              "whose shape[0] == 2 is taken for (2, num_blocks, ...) and restrided block-outermost (stride (hidden, "
              "2 * hidden, ...)), after 'assert kv_cache.shape[1] != 2' ('Fail to determine whether the layout is "
-             "(2, num_blocks, ...) or (num_blocks, 2, ...)'): a view of 2 kernel blocks refuses; observed on 0.19.1"),
+             "(2, num_blocks, ...) or (num_blocks, 2, ...)'): a view of 2 kernel blocks refuses (a bug: 'Loading large "
+             "models forces num_blocks == 2', vllm-project/vllm#37236); observed on 0.19.1"),
         Fact((0, 20, 0), False,
-             "the same method in 0.20.0 to 0.28.0 asks the backend: get_kv_cache_block_dim(kernel_block_size, ...) "
-             "== 1 is restrided, 0 is left"),
+             "the same method in 0.20.0 to 0.28.0 asks the backend (vllm-project/vllm#37236): "
+             "get_kv_cache_block_dim(kernel_block_size, ...) == 1 is restrided, 0 is left"),
     ),
     "mrv2": (
         Fact(GEN1_FIRST, False,
@@ -429,7 +430,7 @@ HYBRID_LAYOUT_BY_SHAPE: Mapping[str, tuple[Fact[bool], ...]] = {
              "after 'assert kv_cache.shape[1] != 2' ('Cannot determine layout for tensor of shape ...'); observed on "
              "0.21.0"),
         Fact((0, 23, 0), False,
-             "the same function in 0.23.0 to 0.26.0 asks get_kv_cache_block_dim; 0.27.0 restrides no KV-first view "
+             "the same function in 0.23.0 to 0.26.0 asks get_kv_cache_block_dim (vllm-project/vllm#38831); 0.27.0 restrides no KV-first view "
              "(_align_mixed_attention_kv_cache_views only), 0.28.0 lays KV-first views sharing an allocation with "
              "Mamba page by page (_kv_first_layers_sharing_pool_with_mamba): every generation-1 backend is "
              "block-first by then, so none of these touches its views"),
