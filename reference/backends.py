@@ -408,6 +408,15 @@ BACKENDS: dict[str, BackendInfo] = {
                 ("LINEAR_ATTN", "linear_attn.py"),
             )
         ),
+        # Kimi K3's KDA layers name their own backend (KimiK3DeltaAttention.get_attn_backend): a
+        # GDNAttentionBackend subclass with its own metadata builder, the same state page.
+        BackendInfo(
+            "KIMI_K3_KDA",
+            "models/kimi_k3/nvidia/kda_metadata.py",
+            (MultipleOf(1),),
+            packing=Packing.STATE,
+            is_ssm=True,
+        ),
     )
 }
 

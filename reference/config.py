@@ -68,6 +68,27 @@ def indexer_k_cache_bytes(index_head_dim: int) -> int:
     """Bytes per token of DeepSeek V3.2's indexer K cache (``Indexer``: fp8 keys plus one fp32
     scale per 128, ``head_dim + head_dim // quant_block_size * 4`` of uint8): 132 for 128."""
     return index_head_dim + index_head_dim // 128 * 4
+STATE_MIXERS: dict[str, tuple[str, str]] = {
+    "mamba2": ("MAMBA2_ATTN", "MambaMixer2"),
+    "gated_delta_net": ("GDN_ATTN", "QwenGatedDeltaNetAttention"),
+    "kimi_k3_kda": ("KIMI_K3_KDA", "KimiK3DeltaAttention"),
+    "glm5next_kda": ("GDN_ATTN", "Glm5NextLinearAttention"),
+}
+"""State layers built as vLLM's own class from the mixer's geometry (``LayerConfig.mixer``):
+mixer kind -> (the backend its class names, the class). ``MambaMixer2`` is
+``model_executor/layers/mamba/mamba_mixer2.py`` (Mamba-2, Nemotron-H), ``QwenGatedDeltaNetAttention``
+``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`` (Qwen3-Next, Qwen3.5), ``KimiK3DeltaAttention``
+``models/kimi_k3/nvidia/kda.py`` and ``Glm5NextLinearAttention`` ``models/glm5next/common/kda.py`` (KDA)."""
+MIXER_FIELDS: dict[str, tuple[str, ...]] = {
+    "mamba2": ("num_heads", "head_dim", "n_groups", "state_size", "conv_kernel"),
+    "gated_delta_net": ("num_heads", "head_dim", "num_k_heads", "head_k_dim", "conv_kernel"),
+    "kimi_k3_kda": ("num_heads", "head_dim", "conv_kernel"),
+    "glm5next_kda": ("num_heads", "head_dim", "conv_kernel"),
+}
+"""The geometry each mixer kind is built from (every other ``StateMixer`` field stays unset)."""
+MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
+"""``--mamba-cache-dtype`` / ``--mamba-ssm-cache-dtype`` values (vllm/config/cache.py ``MambaDType``)."""
+MAX_MIXER_DIM = 1 << 16
 CONNECTORS = ("nixl", "mooncake", "offloading", "lmcache")
 MAMBA_CACHE_MODES = ("none", "align")
 """``CacheConfig.mamba_cache_mode`` values (vllm/config/cache.py ``MambaCacheMode``)."""
@@ -111,6 +132,71 @@ def _flag(owner: str, name: str, value: Any) -> None:
 
 
 @dataclass(frozen=True)
+class StateMixer:
+    """The geometry of a state layer built as vLLM's own mixer class (``STATE_MIXERS``): model-wide
+    sizes, as the model's config gives them; vLLM divides heads by the tensor-parallel size."""
+
+    kind: str
+    """One of ``STATE_MIXERS``."""
+    num_heads: int
+    """Mamba-2 heads (``mamba_num_heads``), GDN value heads (``linear_num_value_heads``) or KDA heads."""
+    head_dim: int
+    """Mamba-2 head dim, GDN value head dim (``linear_value_head_dim``) or KDA head dim."""
+    conv_kernel: int = 4
+    """The short convolution's kernel width (``conv_kernel`` / ``linear_conv_kernel_dim``); its
+    state keeps ``conv_kernel - 1`` inputs."""
+    num_k_heads: int | None = None
+    """GDN only: key heads (``linear_num_key_heads``)."""
+    head_k_dim: int | None = None
+    """GDN only: key head dim (``linear_key_head_dim``)."""
+    n_groups: int | None = None
+    """Mamba-2 only: B/C groups (``n_groups``)."""
+    state_size: int | None = None
+    """Mamba-2 only: the SSM state size (``ssm_state_size``)."""
+
+    def __post_init__(self) -> None:
+        owner = "mixer "
+        if self.kind not in STATE_MIXERS:
+            raise ConfigError(f"mixer kind {self.kind!r} is not one of {', '.join(STATE_MIXERS)}")
+        wanted = MIXER_FIELDS[self.kind]
+        for name in ("num_heads", "head_dim", "conv_kernel", "num_k_heads", "head_k_dim", "n_groups", "state_size"):
+            value = getattr(self, name)
+            if name in wanted:
+                if value is None:
+                    raise ConfigError(f"mixer {self.kind!r} needs {name} (it is built from {', '.join(wanted)})")
+                _int(owner, name, value, 2 if name == "conv_kernel" else 1, MAX_MIXER_DIM)
+            elif value is not None:
+                raise ConfigError(f"mixer {self.kind!r}: {name} {value!r} is not one of its fields ({', '.join(wanted)})")
+        if self.kind == "mamba2" and self.num_heads % self.n_groups:
+            raise ConfigError(f"mixer 'mamba2': num_heads {self.num_heads} must be a multiple of n_groups {self.n_groups} "
+                              f"(each Mamba-2 head reads one group's B and C)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Any, owner: str) -> "StateMixer":
+        if isinstance(data, StateMixer):
+            return data
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{owner}mixer {data!r} must be an object with a 'kind' and its geometry")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{owner}mixer: unknown field(s) {unknown}; expected some of {sorted(known)}")
+        if "kind" not in data:
+            raise ConfigError(f"{owner}mixer {dict(data)!r} needs a 'kind' (one of {', '.join(STATE_MIXERS)})")
+        wanted = MIXER_FIELDS.get(data["kind"], ())
+        missing = [name for name in wanted if name not in data and name != "conv_kernel"]
+        if missing:
+            raise ConfigError(f"{owner}mixer {data['kind']!r} needs {', '.join(missing)} (it is built from {', '.join(wanted)})")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"{owner}mixer: {exc}") from None
+
+
+@dataclass(frozen=True)
 class LayerConfig:
     """One layer with a KV cache: its kind, backend and head geometry."""
 
@@ -130,7 +216,11 @@ class LayerConfig:
     """Tokens per compressed key pool, > 1: ``Glm5NextTailCache(index_kpool=...)`` (kind ``circular_buffer``,
     required) or ``Glm5NextIndexerCache(index_kpool=...)`` (kind ``mla_indexer``: the pooled indexer cache)."""
     mamba_shapes: tuple[tuple[int, ...], ...] = ()
+    """A ``mamba`` layer built as a ``MambaBase`` stand-in: its state shapes (per TP rank)."""
     mamba_dtypes: tuple[str, ...] = ()
+    mixer: StateMixer | None = None
+    """A ``mamba`` layer built as vLLM's own mixer class from this geometry (no ``mamba_shapes``:
+    the class computes its state, the reference predicts it, ``reference.state_mixers``)."""
     is_draft: bool = False
 
     def __post_init__(self) -> None:
@@ -198,8 +288,20 @@ class LayerConfig:
         if self.kind == "hidden_state" and self.cache_dtype not in HIDDEN_STATE_CACHE_DTYPES:
             raise ConfigError(f"layer {self.name!r}: kind 'hidden_state' cache_dtype {self.cache_dtype!r} must be one of "
                               f"{', '.join(HIDDEN_STATE_CACHE_DTYPES)} (ExtractHiddenStatesModel gives CacheOnlyAttentionLayer 'auto' for a quantized one)")
-        if self.kind == "mamba" and not self.mamba_shapes:
-            raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes")
+        if self.mixer is not None:
+            if not isinstance(self.mixer, StateMixer):
+                raise ConfigError(f"{owner}mixer {self.mixer!r} must be a mixer object")
+            if self.kind != "mamba":
+                raise ConfigError(f"layer {self.name!r}: a mixer is only for kind 'mamba', not {self.kind!r}")
+            if self.mamba_shapes or self.mamba_dtypes:
+                raise ConfigError(f"layer {self.name!r}: a {self.mixer.kind!r} mixer computes its own state; drop "
+                                  f"mamba_shapes/mamba_dtypes (set the case's mamba_cache_dtype / mamba_ssm_cache_dtype)")
+            backend, layer_class = STATE_MIXERS[self.mixer.kind]
+            if self.backend != backend:
+                raise ConfigError(f"layer {self.name!r}: mixer {self.mixer.kind!r} runs on {backend} "
+                                  f"({layer_class} names it), not {self.backend!r}")
+        elif self.kind == "mamba" and not self.mamba_shapes:
+            raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes or a mixer")
 
 
 @dataclass(frozen=True)
@@ -232,6 +334,11 @@ class CaseConfig:
     """``--disable-hybrid-kv-cache-manager`` (vLLM's default for chunked local attention and for
     connectors without HMA support): local-attention layers are allocated as full attention."""
     mamba_block_size: int | None = None
+    mamba_cache_dtype: str = "auto"
+    """``--mamba-cache-dtype``: the dtype of a mixer layer's states (``auto``: the model dtype)."""
+    mamba_ssm_cache_dtype: str = "auto"
+    """``--mamba-ssm-cache-dtype``: a mixer's SSM / recurrent state (``auto``: as the conv state for
+    Mamba-2 and GDN, float32 for KDA)."""
     mamba_cache_mode: str = "none"
     """``--mamba-cache-mode``: ``none`` keeps one state block per request; ``align`` (prefix
     caching of Mamba state) keeps a state block per ``mamba_block_size`` tokens."""
@@ -277,16 +384,28 @@ class CaseConfig:
             raise ConfigError(f"mamba_cache_mode {self.mamba_cache_mode!r} is not one of {', '.join(MAMBA_CACHE_MODES)}")
         if self.generation not in (1, 2):
             raise ConfigError(f"generation {self.generation!r} must be 1 (vLLM < 0.29) or 2 (vLLM >= 0.29)")
+        for attr in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+            if getattr(self, attr) not in MAMBA_DTYPES:
+                raise ConfigError(f"{attr} {getattr(self, attr)!r} is not one of {', '.join(MAMBA_DTYPES)}")
+        for layer in self.layers:
+            if layer.mixer is not None:
+                _check_mixer_case(self, layer)
 
     # --- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         defaults = LayerConfig(name="_")
         data["layers"] = [
-            {k: v for k, v in asdict(layer).items() if k == "name" or v != getattr(defaults, k)}
+            {k: (layer.mixer.to_dict() if k == "mixer" else v) for k, v in asdict(layer).items()
+             if k == "name" or v != getattr(defaults, k)}
             for layer in self.layers
         ]
         data["capability"] = list(self.capability)
+        # Fields added after reports were published stay out at their default, so a case's JSON
+        # (its replay line, a report's config) is what it was before they existed.
+        for late in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+            if data[late] == "auto":
+                del data[late]
         return data
 
     def to_json(self) -> str:
@@ -322,6 +441,8 @@ class CaseConfig:
                 if not isinstance(raw["mamba_dtypes"], (list, tuple)):
                     raise ConfigError(f"layers[{i}]: mamba_dtypes {raw['mamba_dtypes']!r} must be a list of dtype names")
                 raw["mamba_dtypes"] = tuple(raw["mamba_dtypes"])
+            if raw.get("mixer") is not None:
+                raw["mixer"] = StateMixer.from_dict(raw["mixer"], f"layers[{i}]: ")
             try:
                 layers.append(LayerConfig(**raw))
             except TypeError as exc:
@@ -347,6 +468,26 @@ class CaseConfig:
 
     def with_(self, **changes: Any) -> "CaseConfig":
         return replace(self, **changes)
+
+
+def _check_mixer_case(case: "CaseConfig", layer: LayerConfig) -> None:
+    """What vLLM's mixer classes refuse at construction, as bad input: a tensor-parallel size that
+    does not divide the heads (``divide`` / the sharded projections assert), generation 1 (no
+    mixer is driven there)."""
+    mixer, tp = layer.mixer, case.tensor_parallel_size
+    assert mixer is not None
+    if case.generation != 2:
+        raise ConfigError(f"layer {layer.name!r}: a mixer layer needs generation 2 (vLLM >= 0.29); generation-1 "
+                          f"cases give mamba_shapes")
+    heads = [("num_heads", mixer.num_heads)]
+    if mixer.kind == "gated_delta_net":
+        heads.append(("num_k_heads", mixer.num_k_heads))
+    for name, value in heads:
+        if value % tp:
+            raise ConfigError(f"layer {layer.name!r}: mixer {name} {value} is not divisible by tensor_parallel_size {tp}")
+    if mixer.kind == "mamba2" and mixer.n_groups % tp and mixer.n_groups != 1:
+        raise ConfigError(f"layer {layer.name!r}: mixer n_groups {mixer.n_groups} must be 1 or divisible by "
+                          f"tensor_parallel_size {tp} (MambaMixer2 asserts it)")
 
 
 def uniform_layers(

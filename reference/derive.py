@@ -26,6 +26,7 @@ from reference.releases import (FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_S
                                 SLIDING_WINDOW_PACKED_AS_STATE,
                                 STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds)
 from reference.specs import AttentionSpec, LayerSpec, MambaSpec, SpecKind, first_layer_spec, layer_spec_of
+from reference.state_mixers import kda_refuses, layer_state
 from reference.views import BlockBytes, LayerBytes, TensorView, create_views, effective_packing, layer_bytes
 
 _KIND = {
@@ -246,10 +247,14 @@ def _sliding_window_block_size(backend: bk.BackendInfo, probe: AttentionSpec, bl
 def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> LayerSpec:
     """The layer's spec before customization (``Attention/MLAAttention/MambaBase.get_kv_cache_spec``)."""
     if layer.kind == "mamba":
+        refusal = kda_refuses(case, layer)
+        if refusal is not None:
+            raise StartupError(refusal, where="MambaStateDtypeCalculator.kda_state_dtype")
+        shapes, dtypes = layer_state(case, layer)
         return MambaSpec(
             block_size=case.mamba_block_size or case.max_model_len,
-            shapes=layer.mamba_shapes,
-            dtypes=layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes),
+            shapes=shapes,
+            dtypes=dtypes,
             mamba_type=backend.name.removesuffix("_ATTN"),
             is_draft=layer.is_draft,
             mamba_cache_mode=case.mamba_cache_mode,

@@ -71,6 +71,7 @@ def align_hybrid_block_size(case) -> int:
 
     from reference.backends import get_backend
     from reference.dtypes import dtype_size, storage_dtype
+    from reference.state_mixers import layer_state
 
     block_size = case.block_size
     attn = [layer for layer in case.layers if layer.kind != "mamba" and not layer.is_draft]
@@ -82,7 +83,7 @@ def align_hybrid_block_size(case) -> int:
     size = dtype_size(storage_dtype(first.cache_dtype, case.model_dtype))
     per_token = (1 if info.is_mla else first.num_kv_heads) * (first.head_size + (0 if info.is_mla else first.head_size)) * size
     state_page = max(
-        sum(math.prod(s) * dtype_size(d) for s, d in zip(layer.mamba_shapes, layer.mamba_dtypes)) for layer in states
+        sum(math.prod(s) * dtype_size(d) for s, d in zip(*layer_state(case, layer))) for layer in states
     )
     smallest = min(s.base if isinstance(s, MultipleOf) else s for s in info.kernel_block_sizes)
     align = max(smallest, block_size)

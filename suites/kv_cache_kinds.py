@@ -122,10 +122,12 @@ INVENTORY: tuple[Coverage, ...] = (
            "FullAttentionSpec (non_causal)", "prefix_lm", "prefix-lm-fa-b16", "yes", True),
     _layer("model_executor/layers/mamba/abstract.py", "MambaBase", "MambaSpec", "mamba", "mamba-hybrid", "stand-in",
            True, "MambaBase's own get_kv_cache_spec and binding on a subclass carrying the case's state shapes"),
-    _layer("model_executor/layers/mamba/mamba_mixer2.py", "MambaMixer2", "MambaSpec (via MambaBase)",
-           why="its own override is not run (the stand-in is a MambaBase subclass); " + _NOT_YET),
+    _layer("model_executor/layers/mamba/mamba_mixer2.py", "MambaMixer2", "MambaSpec (via MambaBase)", "mamba",
+           "mamba2-mixer-hybrid", "yes", True, "mixer kind mamba2: built as Nemotron-H builds it; also at TP 2 with one "
+           "group (mamba2-mixer-tp2-one-group: the replicated head-shard groups)"),
     _layer("model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py", "QwenGatedDeltaNetAttention",
-           "MambaSpec (via GatedDeltaNetAttention)", why="Qwen3-Next's GDN state: " + _NOT_YET),
+           "MambaSpec (via GatedDeltaNetAttention)", "mamba", "qwen3-next-gdn-hybrid", "yes", True,
+           "mixer kind gated_delta_net: built from a Qwen3NextConfig carrying the mixer's geometry"),
     _layer("model_executor/models/deepseek_v2.py", "DeepseekV32IndexerCache", "MLAAttentionSpec (indexer role)",
            "mla_indexer", "dsv32-indexer-b64", "yes", True,
            "DeepSeek V3.2's sparse-MLA indexer K cache, on its own DEEPSEEK_V32_INDEXER backend; "
@@ -152,13 +154,18 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("models/glm5next/common/attention.py", "Glm5NextTailCache", "CircularBufferSpec", "circular_buffer",
            "kpool-tail-b64", "yes", True, "GLM-5-next's kpool tail ring on its own KPOOL_TAIL backend (BLHNC only); "
            "MRv1 computes a slot mapping for it anyway (expectation mrv1-ring-slot-mapping-reads-past-row)"),
-    _layer("models/glm5next/common/kda.py", "Glm5NextLinearAttention", "MambaSpec (KDA state)", why=_FAMILY),
+    _layer("models/glm5next/common/kda.py", "Glm5NextLinearAttention", "MambaSpec (KDA state)", "mamba",
+           "glm5next-kda-hybrid", "yes", True, "mixer kind glm5next_kda: built from a Glm5NextTextConfig; a float16 "
+           "recurrent state is refused as vLLM refuses it (kda-fp16-state-refused)"),
     _layer("models/inkling/amd/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", why=_FAMILY),
     _layer("models/inkling/amd/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", why=_FAMILY),
     _layer("models/inkling/nvidia/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", why=_FAMILY),
     _layer("models/inkling/nvidia/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", why=_FAMILY),
-    _layer("models/kimi_k3/amd/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", why=_FAMILY),
-    _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", why=_FAMILY),
+    _layer("models/kimi_k3/amd/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)",
+           why="the ROCm build of Kimi K3's KDA layer (its NVIDIA class below is driven); " + _NOT_YET),
+    _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", "mamba",
+           "kimi-k3-kda-hybrid", "yes", True, "mixer kind kimi_k3_kda: built from a KimiLinearConfig, on its own "
+           "KIMI_K3_KDA backend"),
     _layer("models/kimi_k3/nvidia/mla.py", "MultiHeadLatentAttention", "MLAAttentionSpec", why=_FAMILY),
     _layer("models/minimax_m3/amd/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
     _layer("models/minimax_m3/common/indexer.py", "MiniMaxM3IndexerCache", "MLAAttentionSpec (indexer)",

@@ -6,7 +6,8 @@ Names are stable: they appear in reports and replay commands.
 
 from __future__ import annotations
 
-from reference.config import LAYER_OWN_BACKENDS, CaseConfig, LayerConfig, indexer_k_cache_bytes, uniform_layers
+from reference.config import (LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
+                              uniform_layers)
 from reference.errors import ConfigError
 from reference.layout import LAYOUT_NAMES as _LAYOUTS
 
@@ -81,6 +82,14 @@ def _attention_and_mamba(*, num_kv_heads: int, mamba_layers: int, mamba_shapes: 
         for i in range(2, 2 + mamba_layers)
     )
     return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + mixers
+
+
+def _attention_and_mixers(mixer: StateMixer, *, num_kv_heads: int = 2, mixers: int = 2) -> tuple[LayerConfig, ...]:
+    """Two attention layers (head size 64) then ``mixers`` state layers built as vLLM's own ``mixer`` class."""
+    backend = STATE_MIXERS[mixer.kind][0]
+    states = tuple(LayerConfig(f"model.layers.{i}.linear_attn", kind="mamba", backend=backend, mixer=mixer)
+                   for i in range(2, 2 + mixers))
+    return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + states
 
 
 def _tiny(n: int, *, num_kv_heads: int = 2, **layer: object) -> tuple[LayerConfig, ...]:
@@ -223,6 +232,58 @@ def _build() -> dict[str, CaseConfig]:
             block_size=16,
             num_blocks=16,
             note="Attention page 8192, Mamba state 4352 bytes padded to 8192.",
+        ),
+        # State layers built as vLLM's own mixer classes (the state is the class's own arithmetic).
+        CaseConfig(
+            "mamba2-mixer-hybrid",
+            _attention_and_mixers(StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=2, state_size=16)),
+            block_size=32,
+            num_blocks=16,
+            note="MambaMixer2 (Nemotron-H's mixer): conv (3, 192) + SSM (8, 16, 16) bf16 = 5248 bytes, padded to the "
+            "16384-byte attention page.",
+        ),
+        CaseConfig(
+            "mamba2-mixer-tp2-one-group",
+            _attention_and_mixers(StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=1, state_size=16), num_kv_heads=1),
+            block_size=32,
+            num_blocks=16,
+            tensor_parallel_size=2,
+            note="One B/C group at TP 2: MambaMixer2 replicates it per head shard (extra_groups_for_head_shards), "
+            "so each rank's conv state is (3, 96), not (3, 80).",
+        ),
+        CaseConfig(
+            "qwen3-next-gdn-hybrid",
+            _attention_and_mixers(StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)),
+            block_size=64,
+            num_blocks=16,
+            note="QwenGatedDeltaNetAttention (Qwen3-Next): conv (3, 256) + recurrent (4, 32, 32) bf16 = 9728 bytes, "
+            "padded to the 32768-byte attention page.",
+        ),
+        CaseConfig(
+            "kimi-k3-kda-hybrid",
+            _attention_and_mixers(StateMixer("kimi_k3_kda", num_heads=4, head_dim=32)),
+            block_size=64,
+            num_blocks=16,
+            note="KimiK3DeltaAttention on its own KIMI_K3_KDA backend: conv (3, 384) bf16 + recurrent (4, 32, 32) "
+            "float32 (KDA's 'auto') = 18688 bytes, padded to the 32768-byte attention page.",
+        ),
+        CaseConfig(
+            "glm5next-kda-hybrid",
+            _attention_and_mixers(StateMixer("glm5next_kda", num_heads=4, head_dim=32)),
+            block_size=64,
+            num_blocks=16,
+            mamba_ssm_cache_dtype="bfloat16",
+            note="Glm5NextLinearAttention with --mamba-ssm-cache-dtype bfloat16: conv (3, 384) + recurrent (4, 32, 32) "
+            "bf16 = 10496 bytes.",
+        ),
+        CaseConfig(
+            "kda-fp16-state-refused",
+            _attention_and_mixers(StateMixer("glm5next_kda", num_heads=4, head_dim=32), mixers=1),
+            block_size=64,
+            num_blocks=16,
+            mamba_ssm_cache_dtype="float16",
+            note="KDA keeps its recurrent state in float32 or bfloat16 only: vLLM refuses float16 "
+            "(MambaStateDtypeCalculator.kda_state_dtype).",
         ),
         CaseConfig(
             "mla-gqa-draft-dcp2",

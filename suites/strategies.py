@@ -10,7 +10,9 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Sequence
 
-from reference.config import LAYER_OWN_BACKENDS, CaseConfig, LayerConfig
+from dataclasses import replace
+
+from reference.config import LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer
 from reference.errors import ConfigError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
@@ -94,6 +96,24 @@ def _supported_layouts(layers: Sequence[LayerConfig], capability: tuple[int, int
         return tuple(layout.name for layout in supported_layouts(declared))
     except StartupError:
         return ()
+
+
+def _with_mixers(layers: list[LayerConfig], kind: str, pick: Callable[[Sequence[Any]], Any], tp: int) -> list[LayerConfig]:
+    """The state layers rebuilt as ``kind``'s mixer class (model-wide heads: vLLM splits them by ``tp``)."""
+    if kind == "stand-in":
+        return layers
+    heads = 8
+    if kind == "mamba2":
+        # One group is replicated to every head shard; two need a TP size that divides them.
+        mixer = StateMixer(kind, num_heads=heads, head_dim=16, n_groups=pick((1, 2)) if tp <= 2 else 1,
+                           state_size=pick((8, 16)), conv_kernel=pick((4, 2)))
+    elif kind == "gated_delta_net":
+        mixer = StateMixer(kind, num_heads=heads, head_dim=16, num_k_heads=pick((8, 16)), head_k_dim=8)
+    else:
+        mixer = StateMixer(kind, num_heads=heads, head_dim=pick((8, 16)), conv_kernel=pick((4, 3)))
+    backend = STATE_MIXERS[kind][0]
+    return [replace(layer, backend=backend, mamba_shapes=(), mamba_dtypes=(), mixer=mixer) if layer.kind == "mamba" else layer
+            for layer in layers]
 
 
 def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4,
@@ -212,6 +232,10 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     # be promoted (vLLM refuses; the named case mamba-hybrid-hma-off checks that), so only
     # the attention families draw it.
     disable_hma = pick((False, True)) if family not in ("mamba_hybrid", "encoder_decoder") else False
+    if family == "mamba_hybrid":
+        # Drawn last (no other draw moves): the state layers as a MambaBase stand-in with the shapes
+        # above, or as one of vLLM's own mixer classes, which computes its state from its geometry.
+        layers = _with_mixers(layers, pick(("stand-in", *STATE_MIXERS)), pick, tp)
     return CaseConfig(
         name=f"{name}-{family}",
         layers=tuple(layers),

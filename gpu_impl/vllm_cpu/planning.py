@@ -117,6 +117,9 @@ def vllm_config_for(case) -> Iterator[Any]:
     cc.mamba_page_size_padded = None
     cc.skip_page_size_padded = None
     cc.mamba_cache_mode = case.mamba_cache_mode
+    # --mamba-cache-dtype / --mamba-ssm-cache-dtype: what a mixer class's get_state_dtype reads.
+    cc.mamba_cache_dtype = getattr(case, "mamba_cache_dtype", "auto")
+    cc.mamba_ssm_cache_dtype = getattr(case, "mamba_ssm_cache_dtype", "auto")
     # The model-wide --kv-cache-dtype: what the target attention layers use.
     cc.cache_dtype = next((l.cache_dtype for l in case.layers if not l.is_draft and l.kind != "mamba"), "auto")
     # vLLM's defaults for a generative model: block hashing for prefix caching on.
@@ -255,8 +258,11 @@ def specs_and_backends(case, runner, vc):
     initialising a runner (the connector drivers)."""
     from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
-    layers = _build_layers(case, runner, vc)
-    specs = get_kv_cache_spec(vc)
+    from gpu_impl.vllm_cpu.runners import mixer_environment
+
+    with mixer_environment(case):
+        layers = _build_layers(case, runner, vc)
+        specs = get_kv_cache_spec(vc)
     backends = {name: layer.get_attn_backend() for name, layer in layers.items()}
     return specs, backends, {name: _backend_name(layer) for name, layer in layers.items()}
 
@@ -331,8 +337,10 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from gpu_impl.vllm_cpu import planning_api as planning
 
+    from gpu_impl.vllm_cpu.runners import mixer_environment
+
     with vllm_config_for(case) as vc:
-        with _stage("specs"):
+        with _stage("specs"), mixer_environment(case):
             layers = _build_layers(case, runner, vc)
             instance, why_not = _runner_or_reason(case, runner, vc)
             result["fidelity"] = "runner" if instance is not None else "shared"

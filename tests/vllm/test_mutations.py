@@ -331,6 +331,31 @@ def _layer_spec_replaced(**changes: Any) -> Callable[[type], type]:
     return variant
 
 
+def _calculator_replaced(method: str, wrong: Callable[..., Any]) -> Callable[[type], type]:
+    """A mixer module's ``MambaStateShapeCalculator`` / ``MambaStateDtypeCalculator`` whose
+    ``method`` is ``wrong(original_method, *args, **kwargs)``: a state layer computing its own state
+    wrong (issue 24: one per mixer kind). Patched where the mixer's module looks the class up."""
+
+    def variant(calculator: type) -> type:
+        original = getattr(calculator, method)
+
+        class Mutated(calculator):  # type: ignore[misc, valid-type]
+            pass
+
+        setattr(Mutated, method, classmethod(lambda cls, *args, **kwargs: wrong(original, *args, **kwargs)))
+        Mutated.__name__ = calculator.__name__
+        return Mutated
+
+    return variant
+
+
+def _gdn_conv_without_key_channels(original: Callable, tp_world_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim,
+                                   conv_kernel_size, num_spec=0):
+    """GDN's conv state sized for the queries and values only: the keys' channels dropped."""
+    conv, recurrent = original(tp_world_size, num_k_heads, num_v_heads, head_k_dim, head_v_dim, conv_kernel_size, num_spec)
+    return (conv[0], conv[1] - head_k_dim * num_k_heads // tp_world_size), recurrent
+
+
 def _rswa_reported_as_full(layer_cls: type) -> type:
     """``RSWAAttention.get_kv_cache_spec`` falling back to ``Attention``'s: a plain
     ``FullAttentionSpec``, so the scheduler never gives the layers an ``RSWAManager``."""
@@ -507,6 +532,32 @@ MUTATIONS = (
         # The ring's group, kernel and builder blocks, its page (views, strides, offsets) all double.
         frozenset({"groups", "tensor_placement", "kernel_block_size", "builder_kernel_block_size", "registered_shape",
                    "registered_offset"}),
+    ),
+    # State layers built as vLLM's own mixer classes: each computes its state wrong once.
+    Mutation(
+        "mamba2-no-extra-groups-for-head-shards", "mamba2-mixer-tp2-one-group",
+        "vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator",
+        _calculator_replaced("extra_groups_for_head_shards", lambda original, ngroups, tp_size: 0),
+        "registered_shape", frozenset({"registered_shape"}),
+    ),
+    Mutation(
+        "gdn-conv-state-without-keys", "qwen3-next-gdn-hybrid", "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
+        "MambaStateShapeCalculator", _calculator_replaced("gated_delta_net_state_shape", _gdn_conv_without_key_channels),
+        "registered_shape", frozenset({"registered_shape"}),
+    ),
+    Mutation(
+        "kda-recurrent-state-in-model-dtype", "kimi-k3-kda-hybrid", "vllm.models.kimi_k3.nvidia.kda",
+        "MambaStateDtypeCalculator",
+        _calculator_replaced("kda_state_dtype", lambda original, model_dtype, *args, **kwargs:
+                             (original(model_dtype, *args, **kwargs)[0],) * 2),
+        "registered_shape", frozenset({"registered_shape"}),
+    ),
+    Mutation(
+        "glm5next-kda-square-state-halved", "glm5next-kda-hybrid", "vllm.models.glm5next.common.kda",
+        "MambaStateShapeCalculator",
+        _calculator_replaced("kda_state_shape", lambda original, tp, num_heads, head_dim, **kwargs:
+                             (original(tp, num_heads, head_dim, **kwargs)[0], (num_heads // tp, head_dim, head_dim // 2))),
+        "registered_shape", frozenset({"registered_shape"}),
     ),
     Mutation(
         "scheduler-largest-block", "swa-hybrid-scaled", "vllm.v1.core.kv_cache_utils", "generate_scheduler_kv_cache_config",

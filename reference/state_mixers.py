@@ -1,0 +1,82 @@
+"""The state of a layer built as one of vLLM's own mixer classes (``LayerConfig.mixer``): the shapes
+and dtypes of its conv and SSM/recurrent states, per tensor-parallel rank, as vLLM 0.33.0 computes
+them (``model_executor/layers/mamba/mamba_utils.py``: ``MambaStateShapeCalculator`` and
+``MambaStateDtypeCalculator``, called by each class's ``get_state_shape`` / ``get_state_dtype``).
+
+The conv state is ``(state_len, dim)`` (vLLM's default ``SD`` layout, ``VLLM_SSM_CONV_STATE_LAYOUT``
+unset) and keeps ``conv_kernel - 1`` inputs: the drivers build layers without a speculative config, so
+no draft tokens widen it (``num_spec`` 0), as no speculative blocks are counted for a state group.
+"""
+
+from __future__ import annotations
+
+from reference.config import CaseConfig, LayerConfig, StateMixer
+from reference.dtypes import canonical_model_dtype
+from reference.errors import ConfigError
+
+DEFAULT_STATE_DTYPE = "bfloat16"
+"""A stand-in state layer's dtype when its case names none (``mamba_dtypes`` empty)."""
+
+
+def _divide(numerator: int, denominator: int, what: str) -> int:
+    # vLLM's divide() asserts; the case validation refuses a TP size that does not divide the
+    # heads, so this only guards the arithmetic.
+    if numerator % denominator:
+        raise ConfigError(f"mixer {what} {numerator} is not divisible by tensor_parallel_size {denominator}")
+    return numerator // denominator
+
+
+def _extra_groups(n_groups: int, tp: int) -> int:
+    """Groups replicated so that every head shard has its group (``extra_groups_for_head_shards``)."""
+    return 0 if n_groups % tp == 0 else tp - n_groups
+
+
+def state_shapes(mixer: StateMixer, tp: int) -> tuple[tuple[int, ...], ...]:
+    """Per TP rank: ``(conv_state, ssm_state)``."""
+    state_len = mixer.conv_kernel - 1
+    if mixer.kind == "mamba2":
+        assert mixer.n_groups is not None and mixer.state_size is not None
+        groups = mixer.n_groups + _extra_groups(mixer.n_groups, tp)
+        conv_dim = mixer.num_heads * mixer.head_dim + 2 * groups * mixer.state_size
+        return ((state_len, _divide(conv_dim, tp, "conv dim")),
+                (_divide(mixer.num_heads, tp, "num_heads"), mixer.head_dim, mixer.state_size))
+    if mixer.kind == "gated_delta_net":
+        assert mixer.num_k_heads is not None and mixer.head_k_dim is not None
+        conv_dim = 2 * mixer.num_k_heads * mixer.head_k_dim + mixer.num_heads * mixer.head_dim
+        # The recurrent state is (value heads, value dim, key dim).
+        return ((state_len, _divide(conv_dim, tp, "conv dim")),
+                (_divide(mixer.num_heads, tp, "num_heads"), mixer.head_dim, mixer.head_k_dim))
+    if mixer.kind in ("kimi_k3_kda", "glm5next_kda"):
+        # KDA: q, k and v each num_heads x head_dim through the conv; a square recurrent state per head.
+        conv_dim = 3 * mixer.num_heads * mixer.head_dim
+        return ((state_len, _divide(conv_dim, tp, "conv dim")),
+                (_divide(mixer.num_heads, tp, "num_heads"), mixer.head_dim, mixer.head_dim))
+    raise ConfigError(f"mixer kind {mixer.kind!r} has no state model")
+
+
+def state_dtypes(mixer: StateMixer, model_dtype: str, mamba_cache_dtype: str, mamba_ssm_cache_dtype: str) -> tuple[str, str]:
+    """``(conv_state, ssm_state)`` dtype names: the conv state is ``--mamba-cache-dtype`` (``auto``:
+    the model dtype); the SSM state ``--mamba-ssm-cache-dtype``, whose ``auto`` is the conv dtype for
+    Mamba-2 and GDN and float32 for KDA (``kda_state_dtype``, which refuses float16)."""
+    conv = canonical_model_dtype(model_dtype) if mamba_cache_dtype == "auto" else mamba_cache_dtype
+    if mixer.kind in ("kimi_k3_kda", "glm5next_kda"):
+        if mamba_ssm_cache_dtype == "auto":
+            return conv, "float32"
+        return conv, mamba_ssm_cache_dtype
+    return conv, (conv if mamba_ssm_cache_dtype == "auto" else mamba_ssm_cache_dtype)
+
+
+def layer_state(case: CaseConfig, layer: LayerConfig) -> tuple[tuple[tuple[int, ...], ...], tuple[str, ...]]:
+    """A state layer's ``(shapes, dtypes)``: a mixer's own, or the stand-in's as the case gives them."""
+    if layer.mixer is not None:
+        return (state_shapes(layer.mixer, case.tensor_parallel_size),
+                state_dtypes(layer.mixer, case.model_dtype, case.mamba_cache_dtype, case.mamba_ssm_cache_dtype))
+    return layer.mamba_shapes, layer.mamba_dtypes or (DEFAULT_STATE_DTYPE,) * len(layer.mamba_shapes)
+
+
+def kda_refuses(case: CaseConfig, layer: LayerConfig) -> str | None:
+    """Why a KDA mixer refuses the case's SSM dtype (``kda_state_dtype`` raises ValueError), or None."""
+    if layer.mixer is not None and layer.mixer.kind in ("kimi_k3_kda", "glm5next_kda") \
+            and case.mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16"):
+        return (f"KDA recurrent state supports only auto, float32, and bfloat16; got {case.mamba_ssm_cache_dtype}")
+    return None

@@ -1,0 +1,123 @@
+"""State layers built as vLLM's own mixer classes (``LayerConfig.mixer``): the reference's model of
+each class's state (``reference.state_mixers``, vLLM 0.33.0's ``mamba_utils.py`` calculators), the
+case fields that describe them, and how bad ones are refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from reference import backends as bk
+from reference.config import STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, uniform_layers
+from reference.derive import derive, raw_spec
+from reference.errors import ConfigError, StartupError
+from reference.state_mixers import state_dtypes, state_shapes
+from suites.named_cases import CASES
+
+MIXER_CASES = ("mamba2-mixer-hybrid", "mamba2-mixer-tp2-one-group", "qwen3-next-gdn-hybrid", "kimi-k3-kda-hybrid",
+               "glm5next-kda-hybrid")
+
+
+def _case(mixer: StateMixer, **case: object) -> CaseConfig:
+    layer = LayerConfig("model.layers.1.linear_attn", kind="mamba", backend=STATE_MIXERS[mixer.kind][0], mixer=mixer)
+    return CaseConfig("mixer", uniform_layers(1, num_kv_heads=2, head_size=64) + (layer,), **case)  # type: ignore[arg-type]
+
+
+# --- the state each class computes --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mixer", "tp", "shapes"), [
+    # Mamba-2: conv over x, B and C (heads * head_dim + 2 * groups * state); SSM (heads, head_dim, state).
+    (StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=2, state_size=16), 1, ((3, 192), (8, 16, 16))),
+    (StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=2, state_size=16), 2, ((3, 96), (4, 16, 16))),
+    # One group at TP 2 is replicated to every head shard: 2 groups' B and C, halved.
+    (StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=1, state_size=16), 2, ((3, 96), (4, 16, 16))),
+    (StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=1, state_size=16, conv_kernel=2), 1, ((1, 160), (8, 16, 16))),
+    # GDN: conv over q, k (key heads) and v (value heads); recurrent (value heads, value dim, key dim).
+    (StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=16), 1, ((3, 192), (4, 32, 16))),
+    (StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=16), 2, ((3, 96), (2, 32, 16))),
+    # KDA: conv over q, k and v of num_heads x head_dim each; a square recurrent state per head.
+    (StateMixer("kimi_k3_kda", num_heads=4, head_dim=32), 1, ((3, 384), (4, 32, 32))),
+    (StateMixer("glm5next_kda", num_heads=4, head_dim=32, conv_kernel=3), 4, ((2, 96), (1, 32, 32))),
+])
+def test_state_shapes_per_rank(mixer: StateMixer, tp: int, shapes: tuple) -> None:
+    assert state_shapes(mixer, tp) == shapes
+
+
+@pytest.mark.parametrize(("kind", "conv", "ssm", "expected"), [
+    ("mamba2", "auto", "auto", ("bfloat16", "bfloat16")),
+    ("mamba2", "auto", "float32", ("bfloat16", "float32")),
+    ("gated_delta_net", "float16", "auto", ("float16", "float16")),
+    # KDA's recurrent state is float32 unless asked for bfloat16 (kda_state_dtype).
+    ("kimi_k3_kda", "auto", "auto", ("bfloat16", "float32")),
+    ("glm5next_kda", "auto", "bfloat16", ("bfloat16", "bfloat16")),
+])
+def test_state_dtypes(kind: str, conv: str, ssm: str, expected: tuple[str, str]) -> None:
+    mixer = next(l.mixer for case in CASES.values() for l in case.layers if l.mixer is not None and l.mixer.kind == kind)
+    assert state_dtypes(mixer, "bfloat16", conv, ssm) == expected
+
+
+@pytest.mark.parametrize("name", MIXER_CASES)
+def test_named_mixer_cases_pad_their_state_to_the_attention_page(name: str) -> None:
+    case = CASES[name]
+    d = derive(case)
+    mixer_layer = next(l for l in case.layers if l.mixer is not None)
+    spec = raw_spec(case, mixer_layer, bk.get_backend(mixer_layer.backend))
+    content = sum(math.prod(s) * {"bfloat16": 2, "float32": 4}[t] for s, t in zip(spec.shapes, spec.dtypes))
+    assert spec.shapes == state_shapes(mixer_layer.mixer, case.tensor_parallel_size)
+    assert spec.page_size_bytes == content
+    attention = next(g for g in d.groups if g.spec.kind.name != "MAMBA")
+    state = next(g for g in d.groups if g.spec.kind.name == "MAMBA")
+    assert state.spec.page_size_bytes == attention.spec.page_size_bytes > content
+
+
+def test_a_float16_kda_state_is_refused_as_vllm_refuses_it() -> None:
+    with pytest.raises(StartupError, match="KDA recurrent state supports only auto, float32, and bfloat16; got float16"):
+        derive(CASES["kda-fp16-state-refused"])
+
+
+# --- the case description ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MIXER_CASES)
+def test_mixer_cases_round_trip_through_json(name: str) -> None:
+    case = CASES[name]
+    data = json.loads(case.to_json())
+    assert "mamba_shapes" not in json.dumps(data["layers"])
+    assert CaseConfig.from_json(case.to_json()) == case
+
+
+def test_a_case_at_the_default_state_dtypes_keeps_its_json() -> None:
+    assert "mamba_cache_dtype" not in CASES["mamba-hybrid"].to_json()
+    assert '"mamba_ssm_cache_dtype":"bfloat16"' in CASES["glm5next-kda-hybrid"].to_json()
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d["layers"][1].update(mamba_shapes=[[3, 4]]), "computes its own state; drop mamba_shapes"),
+    (lambda d: d["layers"][1].update(backend="MAMBA2_ATTN"), "runs on GDN_ATTN (Glm5NextLinearAttention names it), not 'MAMBA2_ATTN'"),
+    (lambda d: d["layers"][1]["mixer"].update(kind="mamba3"), "mixer kind 'mamba3' is not one of"),
+    (lambda d: d["layers"][1]["mixer"].update(rank=2), "mixer: unknown field(s) ['rank']"),
+    (lambda d: d["layers"][1]["mixer"].update(n_groups=2), "mixer 'glm5next_kda': n_groups 2 is not one of its fields"),
+    (lambda d: d["layers"][1]["mixer"].pop("head_dim"), "mixer 'glm5next_kda' needs head_dim"),
+    (lambda d: d["layers"][1]["mixer"].update(conv_kernel=1), "mixer conv_kernel 1 must be an integer >= 2"),
+    (lambda d: d["layers"][1].update(mixer=[4, 32]), "mixer [4, 32] must be an object"),
+    (lambda d: d["layers"][1].update(kind="full", backend="FLASH_ATTN"), "a mixer is only for kind 'mamba', not 'full'"),
+    (lambda d: d.update(tensor_parallel_size=8), "mixer num_heads 4 is not divisible by tensor_parallel_size 8"),
+    (lambda d: d.update(mamba_ssm_cache_dtype="fp8"), "mamba_ssm_cache_dtype 'fp8' is not one of auto, float32"),
+    (lambda d: d.update(generation=1, vllm_version="0.25.0"), "a mixer layer needs generation 2"),
+])
+def test_bad_mixer_input_is_one_line_naming_the_value(change, message: str) -> None:
+    data = json.loads(_case(StateMixer("glm5next_kda", num_heads=4, head_dim=32)).to_json())
+    change(data)
+    with pytest.raises(ConfigError) as info:
+        CaseConfig.from_dict(data)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_mamba2_groups_must_split_its_heads_and_its_tp_shards() -> None:
+    with pytest.raises(ConfigError, match="num_heads 8 must be a multiple of n_groups 3"):
+        StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=3, state_size=16)
+    with pytest.raises(ConfigError, match="n_groups 2 must be 1 or divisible by tensor_parallel_size 4"):
+        _case(StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=2, state_size=16), tensor_parallel_size=4)
