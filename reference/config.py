@@ -390,6 +390,13 @@ class CaseConfig:
         for layer in self.layers:
             if layer.mixer is not None:
                 _check_mixer_case(self, layer)
+        mixers = {layer.mixer for layer in self.layers if layer.kind == "mamba"}
+        if len(mixers) > 1:
+            # A model class reports one state to the block-size negotiation (its
+            # get_mamba_state_shape_from_config): a model's state layers are one mixer, or stand-ins.
+            raise ConfigError(f"case {self.name!r}: its state layers are built as "
+                              f"{sorted(m.kind if m else 'stand-in' for m in mixers)}; a model's state layers "
+                              f"share one mixer (its model class reports one state)")
 
     # --- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -471,23 +478,19 @@ class CaseConfig:
 
 
 def _check_mixer_case(case: "CaseConfig", layer: LayerConfig) -> None:
-    """What vLLM's mixer classes refuse at construction, as bad input: a tensor-parallel size that
-    does not divide the heads (``divide`` / the sharded projections assert), generation 1 (no
-    mixer is driven there)."""
-    mixer, tp = layer.mixer, case.tensor_parallel_size
-    assert mixer is not None
+    """A mixer layer is a generation-2 case's (no mixer class is driven on the releases before), and
+    GDN's and KDA's heads split across the TP ranks (their classes assert it, with no message).
+    MambaMixer2's own refusals say why, and the reference predicts them
+    (``reference.state_mixers.construction_refusal``)."""
     if case.generation != 2:
         raise ConfigError(f"layer {layer.name!r}: a mixer layer needs generation 2 (vLLM >= 0.29); generation-1 "
                           f"cases give mamba_shapes")
-    heads = [("num_heads", mixer.num_heads)]
-    if mixer.kind == "gated_delta_net":
-        heads.append(("num_k_heads", mixer.num_k_heads))
-    for name, value in heads:
-        if value % tp:
-            raise ConfigError(f"layer {layer.name!r}: mixer {name} {value} is not divisible by tensor_parallel_size {tp}")
-    if mixer.kind == "mamba2" and mixer.n_groups % tp and mixer.n_groups != 1:
-        raise ConfigError(f"layer {layer.name!r}: mixer n_groups {mixer.n_groups} must be 1 or divisible by "
-                          f"tensor_parallel_size {tp} (MambaMixer2 asserts it)")
+    mixer, tp = layer.mixer, case.tensor_parallel_size
+    assert mixer is not None
+    if mixer.kind != "mamba2" and mixer.num_heads % tp:
+        # GDN's sharded projections and KDA's head split assert it, without a message to predict.
+        raise ConfigError(f"layer {layer.name!r}: mixer num_heads {mixer.num_heads} is not divisible by "
+                          f"tensor_parallel_size {tp}")
 
 
 def uniform_layers(

@@ -9,13 +9,13 @@ Case -> per-layer specs (``Attention.get_kv_cache_spec`` + ``customize_attention
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from reference import backends as bk
 from reference.backends import Packing
 from reference.config import CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
-from reference.dtypes import quant_mode, storage_dtype
+from reference.dtypes import dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import scheduler_block_sizes
 from reference.kernel_blocks import select_common_block_size
@@ -25,8 +25,8 @@ from reference.releases import (FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_S
                                 PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
                                 SLIDING_WINDOW_PACKED_AS_STATE,
                                 STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds)
-from reference.specs import AttentionSpec, LayerSpec, MambaSpec, SpecKind, first_layer_spec, layer_spec_of
-from reference.state_mixers import kda_refuses, layer_state
+from reference.specs import AttentionSpec, LayerSpec, MambaSpec, MultipleOf, SpecKind, first_layer_spec, layer_spec_of
+from reference.state_mixers import construction_refusal, layer_state
 from reference.views import BlockBytes, LayerBytes, TensorView, create_views, effective_packing, layer_bytes
 
 _KIND = {
@@ -247,14 +247,16 @@ def _sliding_window_block_size(backend: bk.BackendInfo, probe: AttentionSpec, bl
 def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> LayerSpec:
     """The layer's spec before customization (``Attention/MLAAttention/MambaBase.get_kv_cache_spec``)."""
     if layer.kind == "mamba":
-        refusal = kda_refuses(case, layer)
+        refusal = construction_refusal(case, layer)
         if refusal is not None:
-            raise StartupError(refusal, where="MambaStateDtypeCalculator.kda_state_dtype")
+            raise StartupError(refusal[0], where=refusal[1])
         shapes, dtypes = layer_state(case, layer)
         return MambaSpec(
             block_size=case.mamba_block_size or case.max_model_len,
             shapes=shapes,
             dtypes=dtypes,
+            # The negotiation pads every state page to the attention page (mamba_page_size_padded).
+            page_size_padded=hybrid_block_size(case)[1],
             mamba_type=backend.name.removesuffix("_ATTN"),
             is_draft=layer.is_draft,
             mamba_cache_mode=case.mamba_cache_mode,
@@ -320,6 +322,99 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         spec = spec.with_block_size(_sliding_window_block_size(
             backend, spec, case.block_size, case.capability, holds(SLIDING_WINDOW_BLOCK_FROM_PRIMARY, case.vllm_version)))
     return spec
+
+
+def _is_hybrid(case: CaseConfig) -> bool:
+    return any(l.kind == "mamba" for l in case.layers) and any(l.kind != "mamba" and not l.is_draft for l in case.layers)
+
+
+def _hybrid_probe(case: CaseConfig, backend: str) -> AttentionSpec:
+    """The attention spec the platform reasons with: the model's (its first target attention layer's
+    KV heads and head size, as the model config reports them; MLA: one latent head) in the
+    model-wide cache dtype, on ``backend``, one token a block."""
+    first = next(l for l in case.layers if l.kind != "mamba" and not l.is_draft)
+    mla = any(l.kind in ("mla", "sliding_window_mla") for l in case.layers if not l.is_draft and l.kind != "mamba")
+    probe = LayerConfig("_hybrid_probe", kind="mla" if mla else "full", backend=backend,
+                        num_kv_heads=1 if mla else first.num_kv_heads, head_size=first.head_size,
+                        cache_dtype=first.cache_dtype)
+    spec = raw_spec(replace(case, block_size=1), probe, bk.get_backend(backend))
+    assert isinstance(spec, AttentionSpec)
+    return spec
+
+
+def _hybrid_attention_page_per_token(case: CaseConfig, lead_backend: str) -> int:
+    """``_align_hybrid_block_size``'s attention page of one token: a ``FullAttentionSpec`` (MLA: an
+    ``MLAAttentionSpec``) of the model's KV heads and head size (its first target attention layer's,
+    as the model config reports them) in the model-wide cache dtype, customized by the first
+    attention layer's backend (``backend_cls.customize_spec``)."""
+    return bk.customize_spec(bk.get_backend(lead_backend), _hybrid_probe(case, lead_backend)).page_size_bytes
+
+
+def hybrid_block_size(case: CaseConfig, runner: str = "mrv1") -> tuple[int, int | None]:
+    """``(block size, mamba_page_size_padded)`` after vLLM 0.33's ``Platform.update_block_size_for_backend``
+    of a hybrid (attention + state) model (``vllm/platforms/interface.py`` ``_align_hybrid_block_size``,
+    run once the layers exist; a case's ``--block-size`` is user-given, so phase 1 does not run);
+    ``(case.block_size, None)`` for a model without both.
+
+    The attention block becomes the smallest multiple of the alignment whose page holds the model
+    class's state page (the case's largest state; a mixer's own), then a multiple of every attention
+    backend's smallest kernel block, if larger than ``--block-size``; the alignment is the first
+    attention backend's smallest kernel block (at least ``--block-size``; 128 for an MLA model, whose
+    split kernel blocks TRT-LLM/FlashInfer MLA need aligned to 128). The state page is padded to the
+    attention page. A raised block size that an attention backend does not accept is refused
+    (``_check_aligned_block_size``). Align mode's checkpoint alignment is 1: no driven state layer
+    declares one (``get_prefill_checkpoint_alignment`` None)."""
+    if not _is_hybrid(case):
+        return case.block_size, None
+    import math
+
+    for layer in case.layers:  # the layers are built first: what their classes refuse comes first
+        refusal = construction_refusal(case, layer)
+        if refusal is not None:
+            raise StartupError(refusal[0], where=refusal[1])
+
+    attention = [l for l in case.layers if l.kind != "mamba"]
+    backends: list[str] = []
+    for layer in attention:  # _find_non_ssm_backends: distinct, in layer order, drafts included
+        name = layer_backend(case, layer, runner)
+        if name not in backends:
+            backends.append(name)
+    per_token = _hybrid_attention_page_per_token(case, backends[0])
+    state_page = max(
+        sum(math.prod(shape) * dtype_size(dtype) for shape, dtype in zip(*layer_state(case, layer)))
+        for layer in case.layers if layer.kind == "mamba"
+    )
+    if state_page == 0:
+        return case.block_size, None
+
+    def supported(name: str):
+        # get_supported_kernel_block_sizes() without a spec, under the model's config: a backend that
+        # reads the model's head size then (FlashAttention's FA4 hd256 pages) answers for the model's.
+        info = bk.get_backend(name)
+        return info.supported_kernel_block_sizes(_hybrid_probe(case, name), case.capability, gqa=not info.is_mla)
+
+    def smallest(name: str) -> int:
+        return min(s.base if isinstance(s, MultipleOf) else s for s in supported(name))
+
+    alignment = max(smallest(backends[0]), case.block_size)
+    every_backend = math.lcm(*(smallest(name) for name in backends))
+    mla = any(l.kind in ("mla", "sliding_window_mla") for l in attention if not l.is_draft)
+    if mla:
+        alignment = max(alignment, 128)
+    needed = alignment * -(-state_page // (alignment * per_token))
+    needed = every_backend * -(-needed // every_backend)
+    block_size = max(case.block_size, needed)
+    if block_size != case.block_size:
+        rejecting = []
+        for name in backends:
+            sizes = supported(name)
+            if sizes and not any(block_size % (s.base if isinstance(s, MultipleOf) else s) == 0 for s in sizes):
+                rejecting.append(name)
+        if rejecting:
+            raise StartupError(f"Aligned KV cache block size {block_size} is not supported by attention backend(s): "
+                               f"{', '.join(rejecting)}.", where="Platform._check_aligned_block_size")
+    attention_page = block_size * per_token
+    return block_size, (None if attention_page == state_page else attention_page)
 
 
 def kpool_tail_ring(index_kpool: int, num_speculative_tokens: int = 0) -> int:
@@ -592,6 +687,12 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
+    if _is_hybrid(case):
+        # Engine start-up may raise --block-size for the state; in align mode the state's block is
+        # the attention block, whatever --mamba-block-size said.
+        negotiated, _ = hybrid_block_size(case, runner)
+        case = replace(case, block_size=negotiated,
+                       mamba_block_size=negotiated if case.mamba_cache_mode == "align" else case.mamba_block_size)
     specs, backends = _customized_specs(case, runner)
     layout = _resolve_layout(case, specs, backends)
     groups = get_kv_cache_groups(dict(specs), layout, hybrid_manager=not case.disable_hybrid_kv_cache_manager,

@@ -56,37 +56,3 @@ def expand_block_id(block_id: int, ratio: int, kernel_block_stride: int = 0) -> 
     """Kernel block ids of one logical block: ``b*R .. b*R+R-1`` (null block 0 -> 0..R-1)."""
     step = kernel_block_stride or ratio
     return [block_id * step + j for j in range(ratio)]
-
-
-def align_hybrid_block_size(case) -> int:
-    """The block size vLLM serves a hybrid (attention + state) case with.
-
-    ``Platform._align_hybrid_block_size`` (run by ``update_block_size_for_backend``, which
-    ``derive`` does not model: it takes the case's block size as final): the attention page
-    must hold the largest state page, in multiples of the first attention backend's
-    smallest kernel block (and of ``block_size``). Cases without state layers keep
-    ``block_size``.
-    """
-    import math
-
-    from reference.backends import get_backend
-    from reference.dtypes import dtype_size, storage_dtype
-    from reference.state_mixers import layer_state
-
-    block_size = case.block_size
-    attn = [layer for layer in case.layers if layer.kind != "mamba" and not layer.is_draft]
-    states = [layer for layer in case.layers if layer.kind == "mamba"]
-    if not states or not attn:
-        return block_size
-    first = attn[0]
-    info = get_backend(first.backend)
-    size = dtype_size(storage_dtype(first.cache_dtype, case.model_dtype))
-    per_token = (1 if info.is_mla else first.num_kv_heads) * (first.head_size + (0 if info.is_mla else first.head_size)) * size
-    state_page = max(
-        sum(math.prod(s) * dtype_size(d) for s, d in zip(*layer_state(case, layer))) for layer in states
-    )
-    smallest = min(s.base if isinstance(s, MultipleOf) else s for s in info.kernel_block_sizes)
-    align = max(smallest, block_size)
-    attn_block = align * -(-state_page // (align * per_token))
-    attn_block = smallest * -(-attn_block // smallest)
-    return max(block_size, attn_block)

@@ -74,9 +74,21 @@ def layer_state(case: CaseConfig, layer: LayerConfig) -> tuple[tuple[tuple[int, 
     return layer.mamba_shapes, layer.mamba_dtypes or (DEFAULT_STATE_DTYPE,) * len(layer.mamba_shapes)
 
 
-def kda_refuses(case: CaseConfig, layer: LayerConfig) -> str | None:
-    """Why a KDA mixer refuses the case's SSM dtype (``kda_state_dtype`` raises ValueError), or None."""
-    if layer.mixer is not None and layer.mixer.kind in ("kimi_k3_kda", "glm5next_kda") \
-            and case.mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16"):
-        return (f"KDA recurrent state supports only auto, float32, and bfloat16; got {case.mamba_ssm_cache_dtype}")
+def construction_refusal(case: CaseConfig, layer: LayerConfig) -> tuple[str, str] | None:
+    """``(message, where)`` of what the mixer's class raises for this case, or None:
+    ``MambaMixer2.__init__`` asserts the TP size divides its heads, and its groups unless there is one;
+    ``kda_state_dtype`` refuses a float16 recurrent state (ValueError)."""
+    mixer, tp = layer.mixer, case.tensor_parallel_size
+    if mixer is None:
+        return None
+    if mixer.kind == "mamba2":
+        assert mixer.n_groups is not None
+        if mixer.num_heads % tp:
+            return "Tensor parallel world size must divide num heads.", "MambaMixer2.__init__"
+        if mixer.n_groups % tp and mixer.n_groups != 1:
+            return ("If tensor parallel world size does not divide num_groups, then num_groups must equal 1.",
+                    "MambaMixer2.__init__")
+    if mixer.kind in ("kimi_k3_kda", "glm5next_kda") and case.mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16"):
+        return (f"KDA recurrent state supports only auto, float32, and bfloat16; got {case.mamba_ssm_cache_dtype}",
+                "MambaStateDtypeCalculator.kda_state_dtype")
     return None

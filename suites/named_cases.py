@@ -277,6 +277,29 @@ def _build() -> dict[str, CaseConfig]:
             "bf16 = 10496 bytes.",
         ),
         CaseConfig(
+            "gdn-state-raises-block-size",
+            uniform_layers(1, num_kv_heads=2, head_size=256)
+            + (LayerConfig("model.layers.1.linear_attn", kind="mamba", backend="GDN_ATTN",
+                           mixer=StateMixer("gated_delta_net", num_heads=32, head_dim=128, num_k_heads=16, head_k_dim=128)),),
+            block_size=16,
+            num_blocks=8,
+            note="Qwen3-Next's GDN state (1097728 bytes) outgrows the 16-token attention page (32768 bytes): "
+            "update_block_size_for_backend raises the block to 544 tokens (34 FlashAttention kernel blocks of 16) "
+            "and pads the state to the 1114112-byte attention page.",
+        ),
+        CaseConfig(
+            "kimi-k3-kda-mla-b64",
+            tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576)
+                  for i in range(2))
+            + tuple(LayerConfig(f"model.layers.{i}.self_attn", kind="mamba", backend="KIMI_K3_KDA",
+                                mixer=StateMixer("kimi_k3_kda", num_heads=4, head_dim=32)) for i in range(2, 4)),
+            block_size=64,
+            num_blocks=8,
+            note="Kimi K3's shape (MLA + KDA): an MLA hybrid's block is aligned to 128 tokens "
+            "(_align_hybrid_block_size, for TRT-LLM/FlashInfer MLA's split kernel blocks), so --block-size 64 "
+            "becomes 128 although the 18688-byte KDA state fits a 64-token MLA page.",
+        ),
+        CaseConfig(
             "kda-fp16-state-refused",
             _attention_and_mixers(StateMixer("glm5next_kda", num_heads=4, head_dim=32), mixers=1),
             block_size=64,

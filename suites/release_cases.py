@@ -29,7 +29,7 @@ def gen1_sample_cases(vllm_version: str, seed: int, count: int) -> list[CaseConf
     from suites.strategies import sample_cases
 
     out = []
-    for case in sample_cases(seed, count, families=GEN1_FAMILIES, prefix="gen1-random"):
+    for case in sample_cases(seed, count, families=GEN1_FAMILIES, prefix="gen1-random", state_mixers=False):
         layout = None if case.layout is None else ("HND" if case.layout in _HEADS_BEFORE_TOKENS else "NHD")
         out.append(case.with_(generation=1, vllm_version=vllm_version, layout=layout, decode_context_parallel_size=1,
                               attention_backend=None, speculative_attention_backend=None, connector=None))

@@ -117,11 +117,13 @@ def _with_mixers(layers: list[LayerConfig], kind: str, pick: Callable[[Sequence[
 
 
 def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4,
-               families: Sequence[str] = FAMILIES) -> CaseConfig:
+               families: Sequence[str] = FAMILIES, state_mixers: bool = True) -> CaseConfig:
     """One valid case from two choice functions, so hypothesis and a seeded RNG share it.
 
     ``families``: the model families to draw from (default every one; a release that lacks
-    some draws from fewer, e.g. ``suites.release_cases.GEN1_FAMILIES``).
+    some draws from fewer, e.g. ``suites.release_cases.GEN1_FAMILIES``). ``state_mixers=False``
+    keeps every state layer a stand-in and draws nothing for it (generation 1 drives no mixer
+    class; its sample stays what it was before mixers existed).
 
     ``pick(options)`` returns one of ``options``; ``integer(lo, hi)`` an int in ``[lo, hi]``.
     Options are listed simplest first, so hypothesis shrinks towards readable cases.
@@ -232,7 +234,7 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     # be promoted (vLLM refuses; the named case mamba-hybrid-hma-off checks that), so only
     # the attention families draw it.
     disable_hma = pick((False, True)) if family not in ("mamba_hybrid", "encoder_decoder") else False
-    if family == "mamba_hybrid":
+    if family == "mamba_hybrid" and state_mixers:
         # Drawn last (no other draw moves): the state layers as a MambaBase stand-in with the shapes
         # above, or as one of vLLM's own mixer classes, which computes its state from its geometry.
         layers = _with_mixers(layers, pick(("stand-in", *STATE_MIXERS)), pick, tp)
@@ -271,10 +273,11 @@ def cases(*, max_layers: int = 4, max_blocks: int = 4) -> Any:
 
 
 def sample_cases(seed: int, count: int, *, families: Sequence[str] = FAMILIES, prefix: str = "random",
-                 **limits: int) -> list[CaseConfig]:
+                 state_mixers: bool = True, **limits: int) -> list[CaseConfig]:
     """``count`` cases from a seeded RNG: the same list on every machine and xdist worker."""
     rng = random.Random(seed)
-    return [build_case(rng.choice, rng.randint, name=f"{prefix}-s{seed}-{i}", families=families, **limits)
+    return [build_case(rng.choice, rng.randint, name=f"{prefix}-s{seed}-{i}", families=families,
+                       state_mixers=state_mixers, **limits)
             for i in range(count)]
 
 

@@ -14,8 +14,9 @@ would build its attention layers from it on one rank (``tensor_parallel_size``, 
   GPT-OSS: alternating, local first; Qwen2/3: ``use_sliding_window`` and ``max_window_layers``);
 - MLA (DeepSeek-V3, V3.2): one 576-wide latent head (``kv_lora_rank + qk_rope_head_dim``); V3.2 adds
   each layer's sparse-attention indexer K cache (``DeepseekV32IndexerCache``);
-- Mamba-like state layers: ``get_mamba_state_shape_from_config`` /
-  ``get_mamba_state_dtype_from_config`` of the vLLM model class, recomputed here;
+- Mamba-like state layers: the family's mixer (``StateMixer``: Qwen3-Next's Gated DeltaNet, Nemotron-H's
+  Mamba-2) with the config's geometry, built by the drivers as vLLM's own class, its state predicted
+  by ``reference.state_mixers``;
 - speculative drafts (DeepSeek MTP, an Eagle3 head) as ``is_draft`` layers named after the
   target's last layer (``mtp_start_layer_idx`` / ``start_layer_id = num_hidden_layers``).
 
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from reference.backends import get_backend
-from reference.config import LAYER_OWN_BACKENDS, CaseConfig, LayerConfig, indexer_k_cache_bytes
+from reference.config import LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes
 from reference.errors import ConfigError, NotModeledError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
@@ -163,22 +164,14 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
         )
     if model_type == "qwen3_next":
         notes.append(
-            "Gated DeltaNet layers as GDN_ATTN state layers, conv state in the default 'SD' layout, "
-            "mamba_cache_dtype/mamba_ssm_cache_dtype 'auto' (model dtype), no speculative slots"
-        )
-        notes.append(
-            "the attention block size is the case's: HybridAttentionMambaModelConfig / "
-            "update_block_size_for_backend (raising it to fit the state page) is not modeled"
+            "Gated DeltaNet layers as QwenGatedDeltaNetAttention mixers on GDN_ATTN, conv state in the default "
+            "'SD' layout, mamba_cache_dtype/mamba_ssm_cache_dtype 'auto' (model dtype), no speculative slots"
         )
     if model_type == "nemotron_h":
         notes.append(
-            "Mamba2 layers as MAMBA2_ATTN state layers (conv state in the default 'SD' layout, no "
+            "Mamba2 layers as MambaMixer2 mixers on MAMBA2_ATTN (conv state in the default 'SD' layout, no "
             "speculative slots, no ReplaySSM ring); the SSM state is float32: "
             "NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype defaults 'auto' to float32"
-        )
-        notes.append(
-            "the attention block size is the case's: HybridAttentionMambaModelConfig / "
-            "update_block_size_for_backend (raising it to fit the state page) is not modeled"
         )
         notes.append("MLP ('-') layers have no cache")
     if model_type == "whisper":
@@ -329,38 +322,32 @@ def _attention_backend(backend: str, *, mla: bool) -> str:
     return backend
 
 
-def _tp_divide(value: int, tp: int, what: str) -> int:
-    """vLLM's ``divide`` (an assertion there): a TP-sharded state dimension must split evenly."""
-    if value % tp:
-        raise ConfigError(f"{what} {value} is not divisible by tensor_parallel_size {tp}")
-    return value // tp
-
-
-def _mamba_layer(name: str, text: Mapping[str, Any], model_type: str, model_dtype: str, tp: int = 1) -> LayerConfig:
+def _state_mixer(text: Mapping[str, Any], model_type: str) -> StateMixer:
+    """The family's state layer as vLLM's own mixer class builds it from this config (its state is
+    the class's, predicted by ``reference.state_mixers``)."""
     if model_type == "qwen3_next":
-        # MambaStateShapeCalculator.gated_delta_net_state_shape (no spec tokens, SD layout)
-        nk, nv = text["linear_num_key_heads"], text["linear_num_value_heads"]
-        dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
-        conv_dim = _tp_divide(dk * nk * 2 + dv * nv, tp, "linear-attention conv dim")
-        shapes = ((text["linear_conv_kernel_dim"] - 1, conv_dim), (_tp_divide(nv, tp, "linear_num_value_heads"), dv, dk))
-        # gated_delta_net_state_dtype: 'auto' caches use the model dtype for both states.
-        return LayerConfig(
-            name, kind="mamba", backend="GDN_ATTN", mamba_shapes=shapes, mamba_dtypes=(model_dtype, model_dtype)
-        )
+        # Qwen3NextGatedDeltaNet -> QwenGatedDeltaNetAttention (model_executor/models/qwen3_next.py)
+        return StateMixer("gated_delta_net", num_heads=text["linear_num_value_heads"],
+                          head_dim=text["linear_value_head_dim"], num_k_heads=text["linear_num_key_heads"],
+                          head_k_dim=text["linear_key_head_dim"], conv_kernel=text["linear_conv_kernel_dim"])
     if model_type == "nemotron_h":
-        # NemotronHForCausalLM.get_mamba_state_shape_from_config -> mamba2_state_shape:
-        # groups are replicated up to TP when they do not shard (extra_groups_for_head_shards).
-        n_groups, state = text["n_groups"], text["ssm_state_size"]
-        heads, head_dim = text["mamba_num_heads"], text["mamba_head_dim"]
-        if n_groups % tp:
-            n_groups = tp
-        conv_dim = _tp_divide(heads * head_dim + 2 * n_groups * state, tp, "mamba conv dim")
-        shapes = ((text["conv_kernel"] - 1, conv_dim), (_tp_divide(heads, tp, "mamba_num_heads"), head_dim, state))
-        ssm_dtype = text.get("mamba_ssm_cache_dtype", "float32")
-        return LayerConfig(
-            name, kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=shapes, mamba_dtypes=(model_dtype, ssm_dtype)
-        )
+        # NemotronHMambaDecoderLayer -> MambaMixer2 (model_executor/models/nemotron_h.py)
+        return StateMixer("mamba2", num_heads=text["mamba_num_heads"], head_dim=text["mamba_head_dim"],
+                          n_groups=text["n_groups"], state_size=text["ssm_state_size"], conv_kernel=text["conv_kernel"])
     raise ConfigError(f"no state layers for model_type {model_type!r}")
+
+
+def _mamba_layer(name: str, text: Mapping[str, Any], model_type: str) -> LayerConfig:
+    mixer = _state_mixer(text, model_type)
+    return LayerConfig(name, kind="mamba", backend=STATE_MIXERS[mixer.kind][0], mixer=mixer)
+
+
+def _mamba_ssm_cache_dtype(model: "ZooModel") -> str:
+    """``--mamba-ssm-cache-dtype`` as the model's config leaves it: NemotronHForCausalLMConfig's
+    ``update_mamba_ssm_cache_dtype`` makes 'auto' float32 (its config's ``mamba_ssm_cache_dtype``)."""
+    if model.model_type == "nemotron_h":
+        return model.text_config.get("mamba_ssm_cache_dtype", "float32")
+    return "auto"
 
 
 def model_heads(model: ZooModel) -> ModelHeads:
@@ -445,14 +432,14 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
             if t == "full_attention":
                 layers.append(attention(f"model.layers.{i}.self_attn.attn", attn))
             else:
-                layers.append(_mamba_layer(f"model.layers.{i}.linear_attn", text, mt, model.model_dtype, tp))
+                layers.append(_mamba_layer(f"model.layers.{i}.linear_attn", text, mt))
     elif mt == "nemotron_h":
         attn = _attention_backend(backend, mla=False)
         for i, t in enumerate(text["hybrid_override_pattern"]):
             if t == "*":
                 layers.append(attention(f"model.layers.{i}.mixer.attn", attn, text.get("sliding_window")))
             elif t == "M":
-                layers.append(_mamba_layer(f"model.layers.{i}.mixer", text, mt, model.model_dtype, tp))
+                layers.append(_mamba_layer(f"model.layers.{i}.mixer", text, mt))
             elif t not in "-E":
                 raise ConfigError(f"hybrid_override_pattern: unknown layer type {t!r} at layer {i}")
     elif mt == "whisper":
@@ -500,10 +487,10 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
 
 def hybrid_block_size(model: ZooModel, backend: str, block_size: int = 16) -> int:
     """The block size vLLM serves a hybrid (attention + state) model with: the reference's
-    ``align_hybrid_block_size`` for the model's case (its ``_align_hybrid_block_size``)."""
-    from reference.kernel_blocks import align_hybrid_block_size
+    ``hybrid_block_size`` for the model's case (``update_block_size_for_backend``)."""
+    from reference.derive import hybrid_block_size as negotiated
 
-    return align_hybrid_block_size(to_case(model, block_size=block_size, backend=backend))
+    return negotiated(to_case(model, block_size=block_size, backend=backend))[0]
 
 
 def to_case(
@@ -548,6 +535,7 @@ def to_case(
         max_model_len=max_model_len,
         tensor_parallel_size=tensor_parallel_size,
         decode_context_parallel_size=decode_context_parallel_size,
+        mamba_ssm_cache_dtype=_mamba_ssm_cache_dtype(model),
         note=f"{model.architecture} from {model.path.name}; approximations: " + "; ".join(model.approximations),
     )
 

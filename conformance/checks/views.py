@@ -18,6 +18,8 @@ KINDS = (
     Kind("registered_dtype", "a registered view's dtype."),
     Kind("registered_offset", "a registered view's storage offset (elements)."),
     Kind("registered_storage", "the size (bytes) of a registered view's storage."),
+    Kind("state_view", "a state layer's bound state (``MambaBase.bind_kv_cache``): its shape, strides, dtype and "
+                       "offset within the layer's registered page view."),
 )
 
 
@@ -50,8 +52,54 @@ def compare_views(c: Collector, expected: Mapping[str, Any], observed: Mapping[s
 
 def judge_views(c: Collector, expected: Any, observation: Any) -> None:
     """The registered views against the reference's (what layers are bound to is the
-    contract's: ``conformance.checks.contract``)."""
+    contract's: ``conformance.checks.contract``), and each state layer's bound states against the
+    states the reference's spec slices from its page."""
     compare_views(c, expected.registered, observation.registered, mismatch=False)
+    _judge_state_views(c, expected, observation)
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for dim in reversed(shape):
+        strides.append(step)
+        step *= dim
+    return tuple(reversed(strides))
+
+
+def expected_state_views(page: Any, shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...]) -> tuple[tuple, ...]:
+    """``MambaBase.bind_kv_cache`` on a ``[blocks, 1, 1, bytes]`` int8 page view: each state in turn,
+    ``pages[:, offset:offset + nbytes].view(dtype).view(-1, *shape)``: per state ``(shape, strides,
+    dtype, storage offset)`` in its own dtype's elements."""
+    from reference.dtypes import dtype_size
+
+    out, offset = [], 0
+    for shape, dtype in zip(shapes, dtypes):
+        size = dtype_size(dtype)
+        out.append(((page.shape[0], *shape), (page.stride[0] // size, *_contiguous_strides(tuple(shape))), dtype,
+                    (page.storage_offset + offset) // size))
+        offset += size * _product(shape)
+    return tuple(out)
+
+
+def _product(shape: Any) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def _judge_state_views(c: Collector, expected: Any, observation: Any) -> None:
+    bound = getattr(observation, "bound_views", None) or {}
+    specs = getattr(expected, "specs", None) or {}
+    for layer, views in sorted(bound.items()):
+        spec, page = specs.get(layer), expected.registered.get(layer)
+        if page is None or getattr(spec, "shapes", None) is None or page.dtype != "int8" or len(page.shape) != 4:
+            continue  # not a generation-2 state page view (attention layers: the contract's bound_view)
+        predicted = expected_state_views(page, spec.shapes, spec.dtypes)
+        c.cmp("state_view", f"{layer}: bound states", len(predicted), len(views))
+        for k, (want, view) in enumerate(zip(predicted, views)):
+            got = (tuple(view.shape), tuple(view.stride), view.dtype, view.storage_offset)
+            c.cmp("state_view", f"{layer}: bound state {k} (shape, stride, dtype, offset)", want, got)
 
 
 __all__ = ["KINDS", "compare_views", "judge_views"]

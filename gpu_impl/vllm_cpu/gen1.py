@@ -183,27 +183,6 @@ def _own_state_spec(layer: Any, vc: Any) -> Any:
     return MambaBase.get_kv_cache_spec(stand_in, vc)
 
 
-def _negotiate_hybrid_block_size(vc: Any) -> None:
-    """The release's own block-size negotiation of a hybrid (attention + Mamba) model, as engine
-    start-up runs it once the layers exist: 0.20 on ``Platform.update_block_size_for_backend``
-    (``_align_hybrid_block_size``: the first non-SSM layer's backend, the model class's state);
-    0.19 ``HybridAttentionMambaModelConfig.verify_and_update_config``. Either may raise the
-    attention block size, even a user-given one, and sets ``mamba_page_size_padded``."""
-    from vllm.platforms.interface import Platform
-
-    from gpu_impl.vllm_cpu.model_config import register_hybrid_model_class
-
-    architecture = register_hybrid_model_class()
-    vc.model_config.architecture = architecture
-    vc.model_config.architectures = [architecture]
-    if hasattr(Platform, "_align_hybrid_block_size"):
-        Platform.update_block_size_for_backend(vc)
-    else:
-        from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
-
-        HybridAttentionMambaModelConfig.verify_and_update_config(vc)
-
-
 def _registered_views(case: Any, views: dict[str, Any]) -> dict[str, ViewObs]:
     """What each layer registered, in the case's layer order: a tensor's view; a Mamba layer of
     the releases that register a list of state tensors (to 0.26) one view per state, as
@@ -430,7 +409,7 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
     stage = "configure"
     saved_layout = os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
     from gpu_impl.vllm_cpu import shims
-    from gpu_impl.vllm_cpu.model_config import ModelConfigStandIn
+    from gpu_impl.vllm_cpu.model_config import ModelConfigStandIn, negotiate_hybrid_block_size
     from vllm.v1.attention.backends import utils as backend_utils
 
     saved_override = getattr(backend_utils, "_KV_CACHE_LAYOUT_OVERRIDE", None)
@@ -512,7 +491,7 @@ def observe(case: Any, runner: str, applied: tuple[str, ...] = (), *, device: st
                 # --block-size was given (set only now: the selector above, run with it, would
                 # validate it against the backend under the capability stand-in).
                 object.__setattr__(vc.cache_config, "user_specified_block_size", True)
-                _negotiate_hybrid_block_size(vc)
+                negotiate_hybrid_block_size(vc)
                 partial["cache_block_size"] = vc.cache_config.block_size
             # Each runner's own get_kv_cache_spec over them (from 0.24 it marks the specs of
             # backends that index pages by the block stride, which page padding needs).

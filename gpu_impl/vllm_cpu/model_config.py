@@ -77,6 +77,13 @@ class ModelConfigStandIn:
         # mixers (one shape for every Mamba layer of a real model).
         states = [l for l in case.layers if l.kind == "mamba"]
         self._state_layer = max(states, key=_state_bytes) if states else None
+        # A model of vLLM's own mixer layers: its config is the family's (what the mixer and the
+        # family's model class read), its state the family model class's answer.
+        self._mixer = next((l.mixer for l in states if getattr(l, "mixer", None) is not None), None)
+        if self._mixer is not None:
+            from gpu_impl.vllm_cpu import mixers
+
+            self.hf_config = self.hf_text_config = mixers.hf_config(self._mixer)
         self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
 
     def __getattr__(self, name: str):
@@ -114,6 +121,14 @@ class ModelConfigStandIn:
     def get_vocab_size(self) -> int:
         return 256  # sizes InputBatch's token buffers only
 
+    def mixer_model_class(self) -> Any:
+        """The model class of the case's mixer family (None for stand-in state layers)."""
+        if self._mixer is None:
+            return None
+        from gpu_impl.vllm_cpu import mixers
+
+        return mixers.model_class(self._mixer)
+
     def state_shapes_and_dtypes(self) -> tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]:
         """The case's Mamba state (shapes, torch dtypes), as its model class reports them."""
         import torch
@@ -123,6 +138,25 @@ class ModelConfigStandIn:
             return (), ()
         dtypes = layer.mamba_dtypes or ("bfloat16",) * len(layer.mamba_shapes)
         return tuple(tuple(s) for s in layer.mamba_shapes), tuple(getattr(torch, d) for d in dtypes)
+
+
+def negotiate_hybrid_block_size(vc: Any) -> None:
+    """The release's own block-size negotiation of a hybrid (attention + Mamba) model, as engine
+    start-up runs it once the layers exist: from 0.20 ``Platform.update_block_size_for_backend``
+    (``_align_hybrid_block_size``: the first non-SSM layer's backend, the model class's state);
+    0.19 ``HybridAttentionMambaModelConfig.verify_and_update_config``. Either may raise the
+    attention block size, even a user-given one, and sets ``mamba_page_size_padded``."""
+    from vllm.platforms.interface import Platform
+
+    architecture = register_hybrid_model_class()
+    vc.model_config.architecture = architecture
+    vc.model_config.architectures = [architecture]
+    if hasattr(Platform, "_align_hybrid_block_size"):
+        Platform.update_block_size_for_backend(vc)
+    else:
+        from vllm.model_executor.models.config import HybridAttentionMambaModelConfig
+
+        HybridAttentionMambaModelConfig.verify_and_update_config(vc)
 
 
 def _state_bytes(layer) -> int:
@@ -157,10 +191,16 @@ def register_hybrid_model_class() -> str:
 
             @classmethod
             def get_mamba_state_shape_from_config(cls, vllm_config):
+                family = vllm_config.model_config.mixer_model_class()
+                if family is not None:  # the family's own model class answers for its mixers
+                    return family.get_mamba_state_shape_from_config(vllm_config)
                 return vllm_config.model_config.state_shapes_and_dtypes()[0]
 
             @classmethod
             def get_mamba_state_dtype_from_config(cls, vllm_config):
+                family = vllm_config.model_config.mixer_model_class()
+                if family is not None:
+                    return family.get_mamba_state_dtype_from_config(vllm_config)
                 return vllm_config.model_config.state_shapes_and_dtypes()[1]
 
             def embed_input_ids(self, input_ids):  # the registry inspects for it; never called
@@ -174,4 +214,4 @@ def register_hybrid_model_class() -> str:
 _REGISTERED = False
 
 
-__all__ = ["HYBRID_ARCHITECTURE", "ModelConfigStandIn", "register_hybrid_model_class"]
+__all__ = ["HYBRID_ARCHITECTURE", "ModelConfigStandIn", "negotiate_hybrid_block_size", "register_hybrid_model_class"]

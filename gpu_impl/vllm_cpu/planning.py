@@ -262,6 +262,7 @@ def specs_and_backends(case, runner, vc):
 
     with mixer_environment(case):
         layers = _build_layers(case, runner, vc)
+        _negotiate_block_size(case, vc)
         specs = get_kv_cache_spec(vc)
     backends = {name: layer.get_attn_backend() for name, layer in layers.items()}
     return specs, backends, {name: _backend_name(layer) for name, layer in layers.items()}
@@ -342,6 +343,7 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
     with vllm_config_for(case) as vc:
         with _stage("specs"), mixer_environment(case):
             layers = _build_layers(case, runner, vc)
+            _negotiate_block_size(case, vc)
             instance, why_not = _runner_or_reason(case, runner, vc)
             result["fidelity"] = "runner" if instance is not None else "shared"
             result["fidelity_reason"] = why_not
@@ -451,6 +453,16 @@ def _run_schedules(case, runner, instance, vc, kv_cache_config, layers, schedule
         with runners.initialisation_environment(case):
             observed.append(runner_tables.run_schedule(runner, instance, scenario))
     result["schedules"] = tuple(observed)
+
+
+def _negotiate_block_size(case, vc) -> None:
+    """A hybrid (attention + state) model's block size as engine start-up leaves it once the layers
+    exist: the release's own ``Platform.update_block_size_for_backend`` raises ``--block-size`` until
+    the attention page holds the model class's state page, and pads the state page to it."""
+    if any(l.kind == "mamba" for l in case.layers) and any(l.kind != "mamba" and not l.is_draft for l in case.layers):
+        from gpu_impl.vllm_cpu.model_config import negotiate_hybrid_block_size
+
+        negotiate_hybrid_block_size(vc)
 
 
 def _build_layers(case, runner: str, vc) -> dict[str, Any]:

@@ -277,58 +277,12 @@ def _build_layer(layer, cache_config, vc):
         # As ExtractHiddenStatesModel builds it: one head per captured layer, head size = hidden size.
         return CacheOnlyAttentionLayer(layer.num_kv_heads, layer.head_size, cache_config=layer_cache, prefix=layer.name)
     if kind == "mamba" and layer.mixer is not None:
-        return _mixer_layer(layer, vc)
+        from gpu_impl.vllm_cpu import mixers
+
+        return mixers.build_layer(layer, vc, lambda module, name: _own_layer_class(layer, module, name))
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
-
-
-_MIXER_CLASSES = {
-    "mamba2": ("vllm.model_executor.layers.mamba.mamba_mixer2", "MambaMixer2"),
-    "gated_delta_net": ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn", "QwenGatedDeltaNetAttention"),
-    "kimi_k3_kda": ("vllm.models.kimi_k3.nvidia.kda", "KimiK3DeltaAttention"),
-    "glm5next_kda": ("vllm.models.glm5next.common.kda", "Glm5NextLinearAttention"),
-}
-"""Where each mixer kind's vLLM class lives (``reference.config.STATE_MIXERS`` names the class)."""
-
-_MIXER_HIDDEN_SIZE = 1024
-"""The model's hidden size a mixer is built with: only its projections' input width (never
-allocated: the meta device), not part of any state."""
-
-
-def _mixer_layer(layer, vc):
-    """The layer as its model builds it: vLLM's own mixer class, constructed from a config carrying
-    the mixer's geometry (the state it reports is the class's own ``get_state_shape`` /
-    ``get_state_dtype``; it registers itself in ``static_forward_context``)."""
-    mixer = layer.mixer
-    module, name = _MIXER_CLASSES[mixer.kind]
-    cls = _own_layer_class(layer, module, name)
-    common = dict(hidden_size=_MIXER_HIDDEN_SIZE, rms_norm_eps=1e-6, hidden_act="silu")
-    if mixer.kind == "mamba2":
-        # As NemotronHMambaDecoderLayer builds it (model_executor/models/nemotron_h.py).
-        return cls(hidden_size=_MIXER_HIDDEN_SIZE, ssm_state_size=mixer.state_size, conv_kernel_size=mixer.conv_kernel,
-                   intermediate_size=mixer.num_heads * mixer.head_dim, use_conv_bias=True, use_bias=False,
-                   n_groups=mixer.n_groups, num_heads=mixer.num_heads, head_dim=mixer.head_dim,
-                   model_config=vc.model_config, cache_config=vc.cache_config, prefix=layer.name)
-    if mixer.kind == "gated_delta_net":
-        from transformers import Qwen3NextConfig
-
-        config = Qwen3NextConfig(linear_num_key_heads=mixer.num_k_heads, linear_num_value_heads=mixer.num_heads,
-                                 linear_key_head_dim=mixer.head_k_dim, linear_value_head_dim=mixer.head_dim,
-                                 linear_conv_kernel_dim=mixer.conv_kernel, **common)
-        return cls(config, vc, prefix=layer.name)
-    if mixer.kind == "kimi_k3_kda":
-        from vllm.transformers_utils.configs.kimi_linear import KimiLinearConfig
-
-        config = KimiLinearConfig(linear_attn_config={
-            "head_dim": mixer.head_dim, "num_heads": mixer.num_heads, "short_conv_kernel_size": mixer.conv_kernel,
-            "kda_layers": [1], "full_attn_layers": [], "use_full_rank_gate": True}, **common)
-        return cls(config, vc, prefix=layer.name)
-    from transformers import Glm5NextTextConfig
-
-    config = Glm5NextTextConfig(linear_head_dim=mixer.head_dim, linear_num_heads=mixer.num_heads,
-                                linear_conv_kernel_dim=mixer.conv_kernel, **common)
-    return cls(config, vc, prefix=layer.name)
 
 
 def _state_space_layer(layer, fc):

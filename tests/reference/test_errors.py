@@ -66,8 +66,23 @@ def test_mla_page_that_cannot_be_padded() -> None:
         LayerConfig("m", kind="mla", backend="FLASHMLA", head_size=576),
         LayerConfig("s", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 50000),)),
     )
+    case = CaseConfig("x", layers, block_size=64, num_blocks=2, mamba_block_size=64)
+    from dataclasses import replace
+
+    from reference import backends as bk
+    from reference.derive import raw_spec
+    from reference.planning import unify_page_size
+
+    # The specs as the layers report them, unpadded: unify_kv_cache_spec_page_size refuses.
+    specs = {l.name: raw_spec(case, l, bk.get_backend(l.backend)) for l in layers}
+    specs["s"] = replace(specs["s"], page_size_padded=None)
     with pytest.raises(StartupError, match=r"Layer m: page size is not divisible by the maximum page size"):
-        derive(CaseConfig("x", layers, block_size=64, num_blocks=2, mamba_block_size=64))
+        unify_page_size(specs)
+    # Engine start-up never gets there: update_block_size_for_backend raises an MLA hybrid's block to a
+    # multiple of 128 whose page holds the state (128 * ceil(200000 / (128 * 1152)) = 256 tokens), and pads
+    # the state to that page.
+    d = derive(case)
+    assert {g.spec.page_size_bytes for g in d.groups} == {256 * 1152}
 
 
 def test_mla_with_sliding_window_falls_back_to_full_allocation() -> None:

@@ -331,11 +331,30 @@ def test_packed_block_outermost_grouping_matches_research_runs() -> None:
     d = derive(CaseConfig("p", fa + sw, block_size=32, num_blocks=4, layout="BLHNC"))
     assert [(g.layer_names, g.spec.page_size_bytes) for g in d.groups] == [(("f0", "f1"), 4096), (("s0", "s1", "s2", "s3"), 4096)]
     mamba = tuple(LayerConfig(f"m{i}", kind="mamba", backend="MAMBA2_ATTN", mamba_shapes=((2, 280),)) for i in range(6))
-    d = derive(CaseConfig("p", fa + mamba, block_size=32, num_blocks=4, layout="BLHNC", mamba_block_size=32))
-    assert [(g.layer_names, g.spec.page_size_bytes) for g in d.groups] == [
+    case = CaseConfig("p", fa + mamba, block_size=32, num_blocks=4, layout="BLHNC", mamba_block_size=32)
+    # The research run called get_kv_cache_groups on the specs as the layers report them (unpadded states).
+    from dataclasses import replace
+
+    from reference import backends as bk
+    from reference.derive import raw_spec
+    from reference.layout import KVCacheLayout
+    from reference.planning import get_kv_cache_groups
+
+    specs = {}
+    for layer in case.layers:
+        spec = raw_spec(case, layer, bk.get_backend(layer.backend))
+        specs[layer.name] = replace(spec, page_size_padded=None) if layer.kind == "mamba" else spec
+    groups = get_kv_cache_groups(specs, KVCacheLayout.BLHNC)
+    assert [(g.layer_names, g.spec.page_size_bytes) for g in groups] == [
         (("f0", "f1"), 4096),
         (("m0", "m2", "m4"), 3360),
         (("m1", "m3", "m5"), 3360),
+    ]
+    # Through engine start-up, update_block_size_for_backend first pads each state page to the attention
+    # page (2048 B): the six states pair up, three groups of two (as vLLM 0.33 plans it, driven on CPU).
+    d = derive(case)
+    assert [(g.layer_names, g.spec.page_size_bytes) for g in d.groups] == [
+        (("f0", "f1"), 2048), (("m0", "m3"), 2048), (("m1", "m4"), 2048), (("m2", "m5"), 2048),
     ]
     assert d.plan.bytes_per_block == 4096
 

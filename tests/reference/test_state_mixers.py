@@ -67,10 +67,11 @@ def test_named_mixer_cases_pad_their_state_to_the_attention_page(name: str) -> N
     spec = raw_spec(case, mixer_layer, bk.get_backend(mixer_layer.backend))
     content = sum(math.prod(s) * {"bfloat16": 2, "float32": 4}[t] for s, t in zip(spec.shapes, spec.dtypes))
     assert spec.shapes == state_shapes(mixer_layer.mixer, case.tensor_parallel_size)
-    assert spec.page_size_bytes == content
+    assert spec.state_content_size_bytes == content
     attention = next(g for g in d.groups if g.spec.kind.name != "MAMBA")
     state = next(g for g in d.groups if g.spec.kind.name == "MAMBA")
-    assert state.spec.page_size_bytes == attention.spec.page_size_bytes > content
+    # The negotiation pads the state page to the attention page (mamba_page_size_padded).
+    assert state.spec.page_size_bytes == spec.page_size_bytes == attention.spec.page_size_bytes > content
 
 
 def test_a_float16_kda_state_is_refused_as_vllm_refuses_it() -> None:
@@ -119,5 +120,53 @@ def test_bad_mixer_input_is_one_line_naming_the_value(change, message: str) -> N
 def test_mamba2_groups_must_split_its_heads_and_its_tp_shards() -> None:
     with pytest.raises(ConfigError, match="num_heads 8 must be a multiple of n_groups 3"):
         StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=3, state_size=16)
-    with pytest.raises(ConfigError, match="n_groups 2 must be 1 or divisible by tensor_parallel_size 4"):
-        _case(StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=2, state_size=16), tensor_parallel_size=4)
+    # MambaMixer2.__init__'s own assertions, predicted as vLLM refusing to start.
+    with pytest.raises(StartupError, match="If tensor parallel world size does not divide num_groups, then num_groups "
+                                           "must equal 1."):
+        derive(_case(StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=2, state_size=16), tensor_parallel_size=4))
+    with pytest.raises(StartupError, match="Tensor parallel world size must divide num heads."):
+        derive(_case(StateMixer("mamba2", num_heads=8, head_dim=16, n_groups=1, state_size=16), tensor_parallel_size=16))
+
+
+def test_a_models_state_layers_share_one_mixer() -> None:
+    gdn = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
+    kda = StateMixer("glm5next_kda", num_heads=4, head_dim=32)
+    layers = uniform_layers(1, num_kv_heads=2, head_size=64) + (
+        LayerConfig("model.layers.1.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+        LayerConfig("model.layers.2.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=kda),
+    )
+    with pytest.raises(ConfigError, match=r"built as \['gated_delta_net', 'glm5next_kda'\]; a model's state layers share one mixer"):
+        CaseConfig("two-mixers", layers)
+    stand_in = LayerConfig("model.layers.2.mixer", kind="mamba", backend="GDN_ATTN", mamba_shapes=((3, 64),))
+    with pytest.raises(ConfigError, match=r"\['gated_delta_net', 'stand-in'\]"):
+        CaseConfig("mixer-and-stand-in", layers[:2] + (stand_in,))
+
+
+# --- the block-size negotiation (update_block_size_for_backend) -----------------------------------
+
+
+def test_a_state_that_outgrows_the_attention_page_raises_the_block_size() -> None:
+    from reference.derive import hybrid_block_size
+
+    case = CASES["gdn-state-raises-block-size"]
+    # Attention: 2 KV heads x 256 x (K, V) x bf16 = 2048 bytes a token; the GDN state 1097728 bytes.
+    assert hybrid_block_size(case) == (16 * -(-1097728 // (16 * 2048)), 544 * 2048)
+    d = derive(case)
+    assert {g.spec.block_size for g in d.groups if g.spec.kind.name != "MAMBA"} == {544}
+    assert {g.spec.page_size_bytes for g in d.groups} == {544 * 2048}
+
+
+def test_an_mla_hybrid_aligns_its_block_to_128() -> None:
+    from reference.derive import hybrid_block_size
+
+    case = CASES["kimi-k3-kda-mla-b64"]
+    assert case.block_size == 64 and hybrid_block_size(case) == (128, 128 * 576 * 2)
+    # The same state beside GQA attention keeps its block: only MLA models align to 128.
+    assert hybrid_block_size(CASES["kimi-k3-kda-hybrid"])[0] == 64
+
+
+def test_align_mode_gives_the_state_the_attention_block() -> None:
+    case = CASES["mamba-hybrid-align"].with_(mamba_block_size=4096)
+    (state,) = [g for g in derive(case).groups if g.spec.kind.name == "MAMBA"]
+    assert state.spec.block_size == case.block_size
+

@@ -17,6 +17,7 @@ import pytest
 from reference.config import CaseConfig
 from reference.derive import derive
 from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.state_mixers import layer_state
 from suites.zoo import DRAFT_TARGETS, MLA_BACKEND_FOR, ZOO_DIR, hybrid_block_size, layer_types, load_zoo, to_case
 
 ZOO = load_zoo()
@@ -48,20 +49,6 @@ EXPECTED_ERRORS = {
         ConfigError,
         "head size 96 is not supported by FLASHINFER",
         "FlashInfer kernels exist for head sizes 64/128/256/512 only; Phi-3-mini has 96",
-    ),
-    ("qwen3-next-80b-a3b", "FLASHINFER", 128): (
-        StartupError,
-        "does not store blocks as dense, unpadded pages",
-        "at --block-size 128 the GDN state page (1097728 B) is larger than the attention page, "
-        "so attention blocks are strided by the state page and cannot be split into FlashInfer's "
-        "64-token kernel blocks; vLLM's update_block_size_for_backend would raise the block size "
-        "to 640 first (not modeled: see hybrid_block_size)",
-    ),
-    ("nemotron-h-8b", "FLASHINFER", 128): (
-        StartupError,
-        "does not store blocks as dense, unpadded pages",
-        "the same for Nemotron-H: its Mamba2 state page (4255744 B) strides the attention blocks; "
-        "vLLM would serve it at block size 1152 (hybrid_block_size)",
     ),
 }
 
@@ -279,8 +266,8 @@ def test_qwen3_next_gdn_and_full_attention() -> None:
     assert {(l.num_kv_heads, l.head_size) for l in full} == {(2, 256)}
     assert len(gdn) == 36 and gdn[0].name == "model.layers.0.linear_attn"
     # conv: (kernel 4 - 1, 128*16*2 + 128*32); recurrent: (32 value heads, 128, 128)
-    assert {(l.backend, l.mamba_shapes, l.mamba_dtypes) for l in gdn} == {
-        ("GDN_ATTN", ((3, 8192), (32, 128, 128)), ("bfloat16", "bfloat16"))
+    assert {(l.backend, l.mixer.kind) + layer_state(case, l) for l in gdn} == {
+        ("GDN_ATTN", "gated_delta_net", ((3, 8192), (32, 128, 128)), ("bfloat16", "bfloat16"))
     }
     assert layer_types(ZOO["qwen3-next-80b-a3b"].text_config)[:4] == ["linear_attention"] * 3 + ["full_attention"]
 
@@ -291,6 +278,9 @@ def test_qwen3_next_hybrid_block_size() -> None:
     assert hybrid_block_size(model, "FLASH_ATTN", 16) == 544  # 16 * ceil(1097728 / 32768)
     assert hybrid_block_size(model, "FLASHINFER", 128) == 640  # 128 * ceil(1097728 / 262144)
     assert hybrid_block_size(ZOO["llama3-8b"], "FLASH_ATTN", 16) == 16
+    # Served at --block-size 128, engine start-up raises the block to 640 (update_block_size_for_backend).
+    raised = derive(_case("qwen3-next-80b-a3b", "FLASHINFER", 128, layout="LBNHC"))
+    assert {g.spec.block_size for g in raised.groups if g.spec.kind.name != "MAMBA"} == {640}
     d = derive(_case("qwen3-next-80b-a3b", "FLASHINFER", 640, layout="LBNHC"))
     attn_group = next(g for g in d.groups if "model.layers.3.self_attn.attn" in g.layer_names)
     assert attn_group.spec.block_size == 640
@@ -308,8 +298,9 @@ def test_nemotron_h_mamba2_and_attention() -> None:
     mamba = [l for l in case.layers if l.kind == "mamba"]
     assert mamba[0].name == "model.layers.0.mixer"
     # conv: (4 - 1, 128*64 + 2*8*128); ssm: (128 heads, 64, 128); ssm state float32 (NemotronH default)
-    assert {(l.backend, l.mamba_shapes, l.mamba_dtypes) for l in mamba} == {
-        ("MAMBA2_ATTN", ((3, 10240), (128, 64, 128)), ("bfloat16", "float32"))
+    assert case.mamba_ssm_cache_dtype == "float32"
+    assert {(l.backend, l.mixer.kind) + layer_state(case, l) for l in mamba} == {
+        ("MAMBA2_ATTN", "mamba2", ((3, 10240), (128, 64, 128)), ("bfloat16", "float32"))
     }
     # state page 3*10240*2 + 128*64*128*4 = 4255744 B; attention 8*128*2*2 = 4096 B/token
     assert hybrid_block_size(ZOO["nemotron-h-8b"], "FLASH_ATTN", 16) == 16 * -(-4255744 // (16 * 4096)) == 1040
@@ -382,10 +373,10 @@ def test_tp_keeps_one_mla_latent_head() -> None:
 
 def test_tp_shards_mamba_states_like_mamba2_state_shape() -> None:
     # Nemotron-H 8B: 128 heads x 64, 8 groups x 128 state, conv kernel 4.
-    one = next(l for l in _case("nemotron-h-8b").layers if l.kind == "mamba")
-    four = next(l for l in _case("nemotron-h-8b", tensor_parallel_size=4).layers if l.kind == "mamba")
-    assert one.mamba_shapes == ((3, 128 * 64 + 2 * 8 * 128), (128, 64, 128))
-    assert four.mamba_shapes == ((3, (128 * 64 + 2 * 8 * 128) // 4), (32, 64, 128))
+    one, four = _case("nemotron-h-8b"), _case("nemotron-h-8b", tensor_parallel_size=4)
+    state = next(l for l in one.layers if l.kind == "mamba")
+    assert layer_state(one, state)[0] == ((3, 128 * 64 + 2 * 8 * 128), (128, 64, 128))
+    assert layer_state(four, state)[0] == ((3, (128 * 64 + 2 * 8 * 128) // 4), (32, 64, 128))
 
 
 def test_dcp_refusals_are_vllms() -> None:

@@ -536,28 +536,34 @@ MUTATIONS = (
     # State layers built as vLLM's own mixer classes: each computes its state wrong once.
     Mutation(
         "mamba2-no-extra-groups-for-head-shards", "mamba2-mixer-tp2-one-group",
-        "vllm.model_executor.layers.mamba.mamba_utils", "MambaStateShapeCalculator",
+        "vllm.model_executor.layers.mamba.mamba_mixer2", "MambaStateShapeCalculator",
         _calculator_replaced("extra_groups_for_head_shards", lambda original, ngroups, tp_size: 0),
-        "registered_shape", frozenset({"registered_shape"}),
+        "registered_shape", frozenset({"registered_shape", "state_view"}),
     ),
     Mutation(
         "gdn-conv-state-without-keys", "qwen3-next-gdn-hybrid", "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",
         "MambaStateShapeCalculator", _calculator_replaced("gated_delta_net_state_shape", _gdn_conv_without_key_channels),
-        "registered_shape", frozenset({"registered_shape"}),
+        "registered_shape", frozenset({"registered_shape", "state_view"}),
     ),
     Mutation(
         "kda-recurrent-state-in-model-dtype", "kimi-k3-kda-hybrid", "vllm.models.kimi_k3.nvidia.kda",
         "MambaStateDtypeCalculator",
         _calculator_replaced("kda_state_dtype", lambda original, model_dtype, *args, **kwargs:
                              (original(model_dtype, *args, **kwargs)[0],) * 2),
-        "registered_shape", frozenset({"registered_shape"}),
+        "registered_shape", frozenset({"registered_shape", "state_view"}),
     ),
     Mutation(
         "glm5next-kda-square-state-halved", "glm5next-kda-hybrid", "vllm.models.glm5next.common.kda",
         "MambaStateShapeCalculator",
         _calculator_replaced("kda_state_shape", lambda original, tp, num_heads, head_dim, **kwargs:
                              (original(tp, num_heads, head_dim, **kwargs)[0], (num_heads // tp, head_dim, head_dim // 2))),
-        "registered_shape", frozenset({"registered_shape"}),
+        "registered_shape", frozenset({"registered_shape", "state_view"}),
+    ),
+    Mutation(
+        # Every conv state stored (dim, state_len) while the rest of vLLM reads (state_len, dim): the same
+        # bytes, so only the bound states show it (VLLM_SSM_CONV_STATE_LAYOUT=DS taken as the default).
+        "conv-state-dim-first", "qwen3-next-gdn-hybrid", "vllm.model_executor.layers.mamba.mamba_utils",
+        "is_conv_state_dim_first", lambda original: (lambda: True), "state_view", frozenset({"state_view"}),
     ),
     Mutation(
         "scheduler-largest-block", "swa-hybrid-scaled", "vllm.v1.core.kv_cache_utils", "generate_scheduler_kv_cache_config",

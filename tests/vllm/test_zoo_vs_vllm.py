@@ -144,24 +144,19 @@ def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache
     check_runners_agree(case, observations["mrv1"], observations["mrv2"])
 
 
-def test_zoo_hybrid_block_size_is_what_vllm_aligns_to() -> None:
-    """hybrid_block_size mirrors Platform._align_hybrid_block_size's arithmetic, with vLLM's
-    own MambaSpec / FullAttentionSpec page sizes for Qwen3-Next's states."""
-    import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-
-    model = ZOO["qwen3-next-80b-a3b"]
-    case = to_case(model, block_size=16, backend="FLASH_ATTN")
-    state = next(l for l in case.layers if l.kind == "mamba")
-    attn = next(l for l in case.layers if l.kind == "full")
-    mamba_page = MambaSpec(
-        shapes=state.mamba_shapes, dtypes=tuple(getattr(torch, d) for d in state.mamba_dtypes), block_size=-1
-    ).page_size_bytes
-    per_token = FullAttentionSpec(
-        block_size=1, num_kv_heads=attn.num_kv_heads, head_size=attn.head_size, dtype=torch.bfloat16
-    ).page_size_bytes
-    assert (mamba_page, per_token) == (1097728, 2048)
-    assert hybrid_block_size(model, "FLASH_ATTN", 16) == 16 * -(-mamba_page // (16 * per_token))
+@pytest.mark.parametrize(("name", "backend", "block_size", "expected"), [
+    ("qwen3-next-80b-a3b", "FLASH_ATTN", 16, 544),  # 16 * ceil(1097728 / (16 * 2048))
+    ("nemotron-h-8b", "FLASHINFER", 128, 1152),  # 128 * ceil(4255744 / (128 * 4096))
+])
+def test_zoo_hybrid_block_size_is_what_vllm_negotiates(name: str, backend: str, block_size: int, expected: int) -> None:
+    """The reference's hybrid_block_size is the block size vLLM's own update_block_size_for_backend leaves,
+    asking the family's own model class (Qwen3NextForCausalLM, NemotronHForCausalLM) for its state."""
+    model = ZOO[name]
+    case = to_case(model, block_size=block_size, backend=backend)
+    assert hybrid_block_size(model, backend, block_size) == expected
+    observation = observe(case, "mrv1")
+    assert observation.error is None and observation.unsupported is None, (observation.error, observation.unsupported)
+    assert observation.cache_block_size == expected
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
