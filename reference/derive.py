@@ -687,6 +687,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
+    given = case  # what the Derivation reports as its case (its replay line is the user's options)
     if _is_hybrid(case):
         # Engine start-up may raise --block-size for the state; in align mode the state's block is
         # the attention block, whatever --mamba-block-size said.
@@ -743,7 +744,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         decode_context_parallel_size=case.decode_context_parallel_size,
     )
     return Derivation(
-        case=case,
+        case=given,
         runner=runner,
         layer_backends=backends,
         specs=grouped_specs,

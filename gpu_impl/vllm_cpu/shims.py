@@ -642,6 +642,7 @@ LAYER_OWNED_BACKENDS = {
     "MINIMAX_M3_SPARSE_INDEXER": ("vllm.models.minimax_m3.common.indexer", "MiniMaxM3IndexerBackend"),
     "KPOOL_TAIL": ("vllm.v1.attention.backends.mla.indexer", "KpoolTailBackend"),
     "CACHE_ONLY_ATTN": ("vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionBackend"),
+    "KIMI_K3_KDA": ("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),
 }
 """Backends no ``AttentionBackendEnum`` member names: the layer returns its class itself
 (``DeepseekV32IndexerCache.get_attn_backend``)."""

@@ -26,6 +26,7 @@ from conformance.diff import compare, compare_runners
 from conformance.pytest_plugin import check_runners_agree
 from reference import backends as bk
 from reference.derive import derive
+from reference.state_mixers import layer_state
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import check_parallel
 from suites.zoo import hybrid_block_size, load_zoo, model_heads, sliding_windows, to_case
@@ -153,6 +154,8 @@ def test_zoo_hybrid_block_size_is_what_vllm_negotiates(name: str, backend: str, 
     asking the family's own model class (Qwen3NextForCausalLM, NemotronHForCausalLM) for its state."""
     model = ZOO[name]
     case = to_case(model, block_size=block_size, backend=backend)
+    from gpu_impl.vllm_cpu.planning import observe
+
     assert hybrid_block_size(model, backend, block_size) == expected
     observation = observe(case, "mrv1")
     assert observation.error is None and observation.unsupported is None, (observation.error, observation.unsupported)
@@ -280,7 +283,7 @@ def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name, tp) -> N
     shapes = tuple(tuple(s) for s in cls.get_mamba_state_shape_from_config(vllm_config))
     dtypes = tuple(str(d).removeprefix("torch.") for d in cls.get_mamba_state_dtype_from_config(vllm_config))
     case = to_case(model, block_size=16, backend="FLASH_ATTN", tensor_parallel_size=tp)
-    states = {(l.mamba_shapes, l.mamba_dtypes) for l in case.layers if l.kind == "mamba"}
+    states = {layer_state(case, l) for l in case.layers if l.kind == "mamba"}
     assert states == {(shapes, dtypes)}
 
 
