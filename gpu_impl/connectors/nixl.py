@@ -17,6 +17,7 @@ from unittest import mock
 
 from gpu_impl.connectors.base import Ranges, TransferWorkerAdapter
 from gpu_impl.connectors.vllm_setup import plan_case, set_until_exit, use_transfer_config
+from gpu_impl.vllm_cpu import shims
 
 
 class RecordingNixl:
@@ -65,6 +66,9 @@ class NixlAdapter(TransferWorkerAdapter):
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.worker import NixlConnectorWorker
 
         with contextlib.ExitStack() as stack:
+            # NIXL's 3-read Mamba conv transfer needs the DS conv-state layout, a process-wide switch a
+            # deployment sets before the model is built: the layers are built (planned) under it too.
+            stack.enter_context(shims.conv_state_layout("DS"))
             plan = plan_case(self.ctx.case, self.ctx.runner, stack)
             vc, kcc = plan.vllm_config, plan.kv_cache_config
             use_transfer_config(stack, vc, kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cuda")
@@ -88,8 +92,6 @@ class NixlAdapter(TransferWorkerAdapter):
             # Only what the installed release's worker module has (a release without one
             # of them does not call it).
             patches = [mock.patch.object(bw, name, value) for name, value in fakes.items() if hasattr(bw, name)]
-            # NIXL's 3-read Mamba conv transfer needs the DS conv-state layout (an env switch).
-            patches.append(mock.patch.dict("os.environ", {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}))
             for pt in patches:
                 stack.enter_context(pt)
             worker = NixlConnectorWorker(vc, "kvconform-engine", kcc)
@@ -135,20 +137,60 @@ class NixlAdapter(TransferWorkerAdapter):
     def _kernel_id_args(self) -> tuple[Any, ...]:
         return (self.worker._physical_blocks_per_logical_kv_block,)
 
+    def _is_state_layer(self, layer: str) -> bool:
+        return any(l.name == layer and l.kind == "mamba" for l in self.ctx.case.layers)
+
+    def _state_split(self) -> int:
+        """Sub-blocks NIXL registers a state page in: the attention kernel split (a state page itself is
+        never split: its transfers are whole-page strided descriptors, ``_build_mamba_local``)."""
+        return max(int(getattr(self.worker, "_physical_blocks_per_logical_kv_block", 1) or 1), 1)
+
+    def _state_descriptors(self, block_id: int) -> dict[int, Ranges] | None:
+        """Per region, NIXL's own descriptors of logical block ``block_id`` of a state layer: the conv
+        sub-projections and the SSM state ``_build_mamba_local`` builds (``(addr, len, dev, stride,
+        count)`` rows: block ``b`` is ``addr + b * stride``), or None where this release builds none."""
+        w = self.worker
+        build = getattr(w, "_build_mamba_local", None)
+        if build is None or getattr(w, "_conv_decomp", None) is None:
+            return None
+        bases = w.kv_caches_base_addr[w.engine_id][w.tp_rank]
+        rows = [tuple(int(x) for x in row) for row in build(list(bases))]
+        if not rows or len(rows[0]) != 5:
+            # Before the strided (addr, len, dev, stride, count) rows (0.30: one (addr, len, dev) row per
+            # block), its state descriptors are not read here: the registered regions stand for them.
+            return None
+        regions = list(w._ssm_region_indices or range(len(bases)))
+        per_region = len(w._conv_decomp.local_conv_offsets) + 1  # each conv sub-projection, then the SSM state
+        out: dict[int, Ranges] = {}
+        for n, region in enumerate(regions):
+            chunk = rows[n * per_region:(n + 1) * per_region]
+            out[region] = [(addr + block_id * stride, length) for addr, length, _dev, stride, _count in chunk]
+        return out
+
     def descriptors(self, layer: str, block_id: int) -> Ranges:
         w = self.worker
         bases = w.kv_caches_base_addr[w.engine_id][w.tp_rank]
         out: Ranges = []
+        states = self._state_descriptors(block_id) if self._is_state_layer(layer) else None
         for i in self._regions_of(layer):
+            if states is not None and i in states:
+                out.extend(states[i])
+                continue
             for k in self._kernel_ids(layer, block_id):
                 out.append((bases[i] + k * w.block_stride_per_layer[i], w.block_len_per_layer[i]))
         return out
 
     def block_len(self, layer: str) -> int:
-        """Bytes per kernel block over the layer's regions (LHBNC: one segment per head)."""
-        return sum(self.worker.block_len_per_layer[i] for i in self._regions_of(layer))
+        """Bytes per kernel block over the layer's regions (LHBNC: one segment per head); a state
+        layer's per state page (NIXL registers its region in kernel-split sub-blocks)."""
+        split = self._state_split() if self._is_state_layer(layer) else 1
+        return sum(self.worker.block_len_per_layer[i] for i in self._regions_of(layer)) * split
 
     def num_blocks(self, layer: str) -> int:
+        count = self._region_blocks(layer)
+        return count // self._state_split() if self._is_state_layer(layer) else count
+
+    def _region_blocks(self, layer: str) -> int:
         w = self.worker
         regions = self._regions_of(layer)
         if not regions:

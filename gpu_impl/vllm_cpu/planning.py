@@ -155,7 +155,10 @@ def vllm_config_for(case) -> Iterator[Any]:
             envs.disable_envs_cache()  # envs are read live, per case
         if case.layout is not None:
             os.environ["VLLM_KV_CACHE_LAYOUT"] = case.layout
-        with shims.fake_capability(case.capability), set_current_vllm_config(vc):
+        # The conv-state layout is read from the environment the case runs under, never from a
+        # previous case's cached answer (get_conv_state_layout is lru_cached for the process).
+        with shims.fake_capability(case.capability), set_current_vllm_config(vc), \
+                shims.conv_state_layout(os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT")):
             yield vc
     finally:
         pc.tensor_parallel_size = pc.decode_context_parallel_size = 1

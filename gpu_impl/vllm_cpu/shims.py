@@ -466,6 +466,35 @@ def single_pipeline_stage() -> Iterator[None]:
         ps._PP = saved
 
 
+def _clear_conv_state_layout() -> None:
+    try:
+        from vllm.model_executor.layers.mamba import mamba_utils
+    except Exception:  # noqa: BLE001 - a release without the module has no cached layout
+        return
+    cached = getattr(mamba_utils, "get_conv_state_layout", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
+
+
+@contextlib.contextmanager
+def conv_state_layout(layout: str | None) -> Iterator[None]:
+    """``VLLM_SSM_CONV_STATE_LAYOUT`` as ``layout`` (None: unset, vLLM's default 'SD') while inside.
+    ``get_conv_state_layout`` caches its first answer for the process (``functools.lru_cache``), so the
+    cache is cleared on entry and on exit: every case reads the layout it runs under, never one a
+    previous case (or connector) left behind."""
+    saved = os.environ.pop("VLLM_SSM_CONV_STATE_LAYOUT", None)
+    if layout is not None:
+        os.environ["VLLM_SSM_CONV_STATE_LAYOUT"] = layout
+    _clear_conv_state_layout()
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_SSM_CONV_STATE_LAYOUT", None)
+        if saved is not None:
+            os.environ["VLLM_SSM_CONV_STATE_LAYOUT"] = saved
+        _clear_conv_state_layout()
+
+
 @contextlib.contextmanager
 def tensor_parallel_group(world_size: int) -> Iterator[None]:
     """vLLM's tensor-parallel process group as rank 0 of ``world_size`` where none is initialised
@@ -700,6 +729,7 @@ __all__ = [
     "declared_autoselection",
     "single_pipeline_stage",
     "tensor_parallel_group",
+    "conv_state_layout",
     "decode_context_parallel_group",
     "fake_capability",
     "prepare_env",
