@@ -46,7 +46,7 @@ from reference.releases import (
 )
 from reference.specs import (AttentionSpec, KernelBlockSize, LayerSpec, MambaSpec, MultipleOf, SpecKind,
                              UniformTypeSpecs, layer_spec_of)
-from reference.views import BlockBytes, Region, TensorView, make_region
+from reference.views import BlockBytes, Region, TensorView, contiguous_strides, make_region, state_views
 
 LAYOUTS = ("NHD", "HND")
 MODELED_KINDS = ("full", "mla", "chunked_local", "sliding_window", "sink_full", "mamba")
@@ -144,14 +144,6 @@ def gen1_stride_order(backend_name: str, layout: str, *, vllm_version: str = "0.
         raise ConfigError(f"KV cache layout {layout!r} is not valid in generation 1; expected NHD or HND")
     layout_facts = gen1_layout(backend_name, vllm_version)
     return layout_facts.stride_order_nhd if layout == "NHD" else layout_facts.stride_order_hnd
-
-
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Element strides of a contiguous tensor of ``shape``."""
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
-    return tuple(strides)
 
 
 def permuted_view_strides(logical_shape: Sequence[int], order: Sequence[int]) -> tuple[int, ...]:
@@ -522,17 +514,12 @@ def _state_views(name: str, spec: MambaSpec, tensor: Gen1KVCacheTensor, group_id
         return {name: TensorView(name=name, shape=(num_blocks, 1, 1, page), stride=(page, page, page, 1), dtype="int8",
                                  storage_offset=0, storage_nbytes=tensor.size, group_id=group_id,
                                  kernel_block_size=spec.block_size)}
-    views: dict[str, TensorView] = {}
-    offset = 0
-    for i, (shape, dtype) in enumerate(zip(spec.shapes, spec.dtypes)):
-        size = dtype_size(dtype)
-        inner = contiguous_strides(shape)
-        views[f"{name}[{i}]"] = TensorView(
-            name=f"{name}[{i}]", shape=(num_blocks, *shape), stride=(page // size, *inner), dtype=dtype,
-            storage_offset=offset // size, storage_nbytes=tensor.size, group_id=group_id,
-            kernel_block_size=spec.block_size)
-        offset += math.prod(shape) * size
-    return views
+    return {
+        f"{name}[{i}]": TensorView(name=f"{name}[{i}]", shape=state.shape, stride=state.stride, dtype=state.dtype,
+                                   storage_offset=state.storage_offset, storage_nbytes=tensor.size, group_id=group_id,
+                                   kernel_block_size=spec.block_size)
+        for i, state in enumerate(state_views(num_blocks, page, 0, spec.shapes, spec.dtypes))
+    }
 
 
 def _hybrid_attention_layout(view: TensorView, geometry: "_LayerGeometry", runner: str,

@@ -8,13 +8,50 @@ viewed per layer as ``[B_k, H, N_k, C]`` in the spec's dtype with layout strides
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 from reference.backends import Packing
 from reference.errors import NotModeledError, StartupError
 from reference.layout import B, C, H, L, N, KVCacheLayout, compute_layout_strides
 from reference.planning import KVCacheTensor, logical_shape
 from reference.specs import AttentionSpec, LayerSpec
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a contiguous tensor of ``shape``."""
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * shape[i + 1]
+    return tuple(strides)
+
+
+class StateView(NamedTuple):
+    """One state of a state layer's page, as ``MambaBase`` slices it: element shape, strides and
+    offset in the state's own dtype."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: str
+    storage_offset: int
+
+
+def state_views(num_blocks: int, page_stride_bytes: int, base_offset_bytes: int,
+                shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str]) -> tuple[StateView, ...]:
+    """The states of a state layer's pages, each in turn after the ones before it within a page:
+    ``(num_blocks, *shape)`` with the page as its block stride (``MambaBase.bind_kv_cache``'s
+    ``pages[:, offset:offset + nbytes].view(dtype).view(-1, *shape)``, and generation 1's list of
+    registered state tensors)."""
+    import math
+
+    from reference.dtypes import dtype_size
+
+    out, offset = [], 0
+    for shape, dtype in zip(shapes, dtypes):
+        size = dtype_size(dtype)
+        out.append(StateView((num_blocks, *shape), (page_stride_bytes // size, *contiguous_strides(shape)), dtype,
+                             (base_offset_bytes + offset) // size))
+        offset += math.prod(shape) * size
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from conformance.divergence import Collector, Kind
+from reference.views import state_views
 
 KINDS = (
     Kind("registered_names", "which layers ``register_kv_caches`` gets."),
@@ -58,36 +59,6 @@ def judge_views(c: Collector, expected: Any, observation: Any) -> None:
     _judge_state_views(c, expected, observation)
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for dim in reversed(shape):
-        strides.append(step)
-        step *= dim
-    return tuple(reversed(strides))
-
-
-def expected_state_views(page: Any, shapes: tuple[tuple[int, ...], ...], dtypes: tuple[str, ...]) -> tuple[tuple, ...]:
-    """``MambaBase.bind_kv_cache`` on a ``[blocks, 1, 1, bytes]`` int8 page view: each state in turn,
-    ``pages[:, offset:offset + nbytes].view(dtype).view(-1, *shape)``: per state ``(shape, strides,
-    dtype, storage offset)`` in its own dtype's elements."""
-    from reference.dtypes import dtype_size
-
-    out, offset = [], 0
-    for shape, dtype in zip(shapes, dtypes):
-        size = dtype_size(dtype)
-        out.append(((page.shape[0], *shape), (page.stride[0] // size, *_contiguous_strides(tuple(shape))), dtype,
-                    (page.storage_offset + offset) // size))
-        offset += size * _product(shape)
-    return tuple(out)
-
-
-def _product(shape: Any) -> int:
-    n = 1
-    for dim in shape:
-        n *= dim
-    return n
-
-
 def _judge_state_views(c: Collector, expected: Any, observation: Any) -> None:
     bound = getattr(observation, "bound_views", None) or {}
     specs = getattr(expected, "specs", None) or {}
@@ -95,11 +66,11 @@ def _judge_state_views(c: Collector, expected: Any, observation: Any) -> None:
         spec, page = specs.get(layer), expected.registered.get(layer)
         if page is None or getattr(spec, "shapes", None) is None or page.dtype != "int8" or len(page.shape) != 4:
             continue  # not a generation-2 state page view (attention layers: the contract's bound_view)
-        predicted = expected_state_views(page, spec.shapes, spec.dtypes)
+        predicted = state_views(page.shape[0], page.stride[0], page.storage_offset, spec.shapes, spec.dtypes)
         c.cmp("state_view", f"{layer}: bound states", len(predicted), len(views))
         for k, (want, view) in enumerate(zip(predicted, views)):
             got = (tuple(view.shape), tuple(view.stride), view.dtype, view.storage_offset)
-            c.cmp("state_view", f"{layer}: bound state {k} (shape, stride, dtype, offset)", want, got)
+            c.cmp("state_view", f"{layer}: bound state {k} (shape, stride, dtype, offset)", tuple(want), got)
 
 
 __all__ = ["KINDS", "compare_views", "judge_views"]

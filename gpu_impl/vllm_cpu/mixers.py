@@ -4,6 +4,7 @@ Face config both are built from (the mixer's geometry, nothing else the state de
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable
 
@@ -29,9 +30,11 @@ HIDDEN_SIZE = 1024
 allocated: the meta device), not part of any state."""
 
 
+@functools.lru_cache(maxsize=16)
 def hf_config(mixer: Any) -> Any:
     """The family's Hugging Face text config carrying the mixer's geometry (what its layer class and
-    its model class read)."""
+    its model class read). One per mixer, as a model has one config for all its layers: a zoo model's
+    dozens of state layers and its model config share it."""
     common = dict(hidden_size=HIDDEN_SIZE, rms_norm_eps=1e-6, hidden_act="silu")
     if mixer.kind == "mamba2":
         from transformers import NemotronHConfig
