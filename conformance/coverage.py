@@ -29,15 +29,17 @@ def case_cells(case: Any) -> set[Cell]:
 
 
 def parallel_key(case: Any) -> str:
-    """``tp{N}/dcp{M}`` of a case (1/1 for cases without the fields)."""
+    """``tp{N}/dcp{M}`` of a case (1/1 for cases without the fields), ``/pcp{K}`` added under PCP."""
     tp = getattr(case, "tensor_parallel_size", 1)
     dcp = getattr(case, "decode_context_parallel_size", 1)
-    return f"tp{tp}/dcp{dcp}"
+    pcp = getattr(case, "prefill_context_parallel_size", 1)
+    return f"tp{tp}/dcp{dcp}" + (f"/pcp{pcp}" if pcp > 1 else "")
 
 
-def _parallel_order(key: str) -> tuple[int, int]:
-    tp, dcp = key.removeprefix("tp").split("/dcp")
-    return int(tp), int(dcp)
+def _parallel_order(key: str) -> tuple[int, int, int]:
+    tp, _, rest = key.removeprefix("tp").partition("/dcp")
+    dcp, _, pcp = rest.partition("/pcp")
+    return int(tp), int(dcp), int(pcp or 1)
 
 
 class Coverage:

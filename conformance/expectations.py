@@ -69,11 +69,12 @@ OPTION_NAMES = (
     "kv_cache_memory_bytes",
     "tensor_parallel_size",
     "decode_context_parallel_size",
+    "prefill_context_parallel_size",
     "disable_hybrid_kv_cache_manager",
     "draft",
 )
 """What ``options`` / ``without`` can name: a ``CaseConfig`` field set away from its
-default (``--attention-backend`` given, a TP/DCP size above 1, ...), or ``draft`` (the
+default (``--attention-backend`` given, a TP/DCP/PCP size above 1, ...), or ``draft`` (the
 case has a speculative draft layer)."""
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
@@ -463,6 +464,7 @@ class CaseFacts:
 _OPTION_DEFAULTS: dict[str, Any] = {
     "tensor_parallel_size": 1,
     "decode_context_parallel_size": 1,
+    "prefill_context_parallel_size": 1,
     "disable_hybrid_kv_cache_manager": False,
 }
 

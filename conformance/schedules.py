@@ -43,6 +43,10 @@ class SchedulePlan:
     """The run seed the schedules were drawn from."""
 
 
+PCP_SCHEDULES_NOT_MODELED = ("prefill context parallelism: MRv2 partitions each step's batch across the PCP ranks "
+                             "(v1/worker/gpu/pcp_manager.py: partition_batch, prepare_attn), not modeled yet")
+
+
 def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
     """``count`` schedules for ``case`` (none when ``count`` is 0 or no schedule fits)."""
     from reference.block_tables.scenarios import case_groups
@@ -50,6 +54,11 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
 
     if count <= 0:
         return SchedulePlan(skipped="no schedules asked for (--schedules 0)", seed=seed)
+    if case.prefill_context_parallel_size > 1:
+        # MRv2 hands each step's batch to its PCPManager (partition_batch: DualChunkSwap rows per
+        # rank; prepare_attn: the block tables gathered for the local rows, the slot mappings of
+        # every rank's tokens gathered and masked), which the reference does not model yet.
+        return SchedulePlan(skipped=PCP_SCHEDULES_NOT_MODELED, seed=seed)
     derivations, why_not = {}, set()
     for runner in ("mrv1", "mrv2"):
         derivation, refusal, early = reference_prediction(case, runner)

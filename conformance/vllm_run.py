@@ -295,7 +295,7 @@ def _run_against_vllm(
                 observation = observations[c.runner]
                 fidelity = None if getattr(observation, "unsupported", None) else getattr(observation, "fidelity", None)
                 if not getattr(observation, "unsupported", None):
-                    # None: vLLM refused while the model's layers were built, before any runner code.
+                    # None: vLLM refused before any runner code (configuration checks, layer construction).
                     how = fidelity or "before_runner"
                     fidelities[(c.runner, how)] = fidelities.get((c.runner, how), 0) + 1
                 ran = schedule_summary(plan, observation)
@@ -512,7 +512,7 @@ def _print_fidelity(fidelities: dict[tuple[str, str], int]) -> None:
             line += (f", {methods} generation-1 case(s) through the runner's own allocate/reshape functions "
                      "(stand-in layers; fidelity_reason in the JSON report)")
         if before:
-            line += f", {before} refused by vLLM while the model's layers were built (before any runner code)"
+            line += f", {before} refused by vLLM before any runner code (by its configuration checks or while the model's layers were built)"
         if shared:
             line += f", {shared} FELL BACK to the shared functions (fidelity_reason in the JSON report)"
         print(line)

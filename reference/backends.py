@@ -144,6 +144,17 @@ class BackendInfo:
     picks for a pooled cache): ``index_kpool * n`` for n in DeepGEMM's paged-MQA page sizes
     (``utils/deep_gemm.py: get_paged_mqa_page_sizes``: 32 and 64, only 64 on SM120)."""
 
+    pcp_without_mla: bool = False
+    """``supports_pcp()`` on a backend that is not MLA: GLM-5-next's ``KpoolTailBackend`` (a
+    ``DeepseekV32IndexerBackend``). Every MLA impl supports PCP (``MLAAttentionImpl.supports_pcp``);
+    no other attention or state backend does."""
+
+    @property
+    def supports_pcp(self) -> bool:
+        """``AttentionBackend.supports_pcp`` (``get_impl_cls().supports_pcp``; the indexers say so
+        themselves): what PCP needs of every layer's backend."""
+        return self.is_mla or self.pcp_without_mla
+
     @property
     def returns_lse(self) -> bool:
         return self.returns_lse_for_decode or self.is_mla or self.name in ("FLASH_ATTN", "FLASHINFER")
@@ -375,6 +386,7 @@ BACKENDS: dict[str, BackendInfo] = {
             (MultipleOf(1),),
             layouts=(BLHNC,),
             kv_cache_dtypes=("auto",),
+            pcp_without_mla=True,
         ),
         BackendInfo(
             "CACHE_ONLY_ATTN",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from reference.config import (CONNECTORS, LAYER_KINDS, MAMBA_CACHE_MODES, MAMBA_DTYPES, MAX_BLOCKS, MAX_BYTES, MAX_HEAD_SIZE,
-                              MAX_HEADS, MAX_MIXER_DIM, MAX_TOKENS, STATE_MIXERS, StateMixer)
+                              MAX_HEADS, MAX_MIXER_DIM, MAX_PARALLEL, MAX_TOKENS, STATE_MIXERS, StateMixer)
 from reference.dtypes import CACHE_DTYPES, MODEL_DTYPE_NAMES
 
 SCHEMA_ID = "https://kvconform.dev/schemas/case/1"
@@ -102,8 +102,9 @@ def case_schema() -> dict[str, Any]:
             "attention_backend": _text(optional=True),
             "speculative_attention_backend": _text(optional=True),
             "max_model_len": _int(1, MAX_TOKENS),
-            "tensor_parallel_size": {"type": "integer", "minimum": 1},
-            "decode_context_parallel_size": {"type": "integer", "minimum": 1},
+            "tensor_parallel_size": _int(1, MAX_PARALLEL),
+            "decode_context_parallel_size": _int(1, MAX_PARALLEL),
+            "prefill_context_parallel_size": _int(1, MAX_PARALLEL),
             "disable_hybrid_kv_cache_manager": {"type": "boolean"},
             "mamba_block_size": _int(1, MAX_TOKENS, optional=True),
             "mamba_cache_mode": {"enum": list(MAMBA_CACHE_MODES)},

@@ -98,6 +98,8 @@ MAX_TOKENS = 1 << 24
 """Upper bound of every token count (block sizes, lengths, windows): 16M tokens, beyond any
 served model, so no command's memory grows with an absurd value."""
 MAX_HEADS = 1 << 12
+MAX_PARALLEL = 1 << 12
+"""The largest TP, DCP or PCP size a case may name."""
 MAX_HEAD_SIZE = 1 << 14
 MAX_BLOCKS = 1 << 24
 MAX_BYTES = 1 << 46
@@ -330,6 +332,10 @@ class CaseConfig:
     ``reference.parallel.per_rank_kv_heads``); recorded so a case replays as served."""
     decode_context_parallel_size: int = 1
     """``--decode-context-parallel-size``: a sharded attention block spans ``block_size * dcp`` tokens."""
+    prefill_context_parallel_size: int = 1
+    """``--prefill-context-parallel-size``: PCP changes no layout (its ranks replicate the cache, or
+    shard it through a DCP group spanning them); only MRv2 runs it, for MLA models
+    (``reference.parallel.prefill_context_parallel_refusal``)."""
     disable_hybrid_kv_cache_manager: bool = False
     """``--disable-hybrid-kv-cache-manager`` (vLLM's default for chunked local attention and for
     connectors without HMA support): local-attention layers are allocated as full attention."""
@@ -371,11 +377,9 @@ class CaseConfig:
             raise ConfigError(f"connector {self.connector!r} is not one of {', '.join(CONNECTORS)}")
         from reference.parallel import check_tp_dcp
 
-        for attr in ("tensor_parallel_size", "decode_context_parallel_size"):
-            value = getattr(self, attr)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{attr} {value!r} must be a positive integer")
-        check_tp_dcp(self.tensor_parallel_size, self.decode_context_parallel_size)
+        for attr in ("tensor_parallel_size", "decode_context_parallel_size", "prefill_context_parallel_size"):
+            _int("", attr, getattr(self, attr), 1, MAX_PARALLEL)
+        check_tp_dcp(self.tensor_parallel_size, self.decode_context_parallel_size, self.prefill_context_parallel_size)
         if not isinstance(self.disable_hybrid_kv_cache_manager, bool):
             raise ConfigError(
                 f"disable_hybrid_kv_cache_manager {self.disable_hybrid_kv_cache_manager!r} must be true or false"
@@ -410,8 +414,9 @@ class CaseConfig:
         data["capability"] = list(self.capability)
         # Fields added after reports were published stay out at their default, so a case's JSON
         # (its replay line, a report's config) is what it was before they existed.
-        for late in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
-            if data[late] == "auto":
+        for late, default in (("mamba_cache_dtype", "auto"), ("mamba_ssm_cache_dtype", "auto"),
+                              ("prefill_context_parallel_size", 1)):
+            if data[late] == default:
                 del data[late]
         return data
 

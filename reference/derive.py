@@ -17,7 +17,7 @@ from reference.backends import Packing
 from reference.config import CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
 from reference.dtypes import dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
-from reference.parallel import scheduler_block_sizes
+from reference.parallel import prefill_context_parallel_refusal, scheduler_block_sizes
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
@@ -480,7 +480,8 @@ def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> 
     """What refuses a layer while it is built: the impl's constructor (B12X's
     ``--block-size``), and the platform's selection of a backend that does not support
     the layer's attention type (``AttentionBackend.supports_attn_type``, checked by
-    ``validate_configuration``; only cross-attention layers are restricted)."""
+    ``validate_configuration``; only cross-attention layers are restricted) or PCP
+    (``supports_pcp``: only MLA impls)."""
     info = bk.get_backend(backend)
     if info.runs_on is not None and case.capability[0] not in info.runs_on[0]:
         raise StartupError(info.runs_on[1], where=f"vllm/{info.source}: the impl's constructor")
@@ -491,9 +492,16 @@ def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> 
             f"{backend.lower()} requires --block-size in {info.required_block_sizes}, got {case.block_size}.",
             where=f"vllm/{info.source}: the impl's constructor",
         )
-    if layer.kind != "cross" or info.supports_cross_attention:
+    reasons = []
+    if layer.kind == "cross" and not info.supports_cross_attention:
+        reasons.append("attention type AttentionType.ENCODER_DECODER not supported")
+    if (case.prefill_context_parallel_size > 1 and layer.kind not in LAYER_OWN_BACKENDS and layer.kind != "mamba"
+            and not info.supports_pcp):
+        # AttentionBackend.validate_configuration(use_pcp=...): under PCP only MLA impls qualify
+        # (a state layer picks its backend without the attention selector).
+        reasons.append("PCP not supported")
+    if not reasons:
         return
-    reasons = ["attention type AttentionType.ENCODER_DECODER not supported"]
     explicit = case.speculative_attention_backend if layer.is_draft else case.attention_backend
     if explicit:
         message = f"Selected backend AttentionBackendEnum.{backend} is not valid for this configuration. Reason: {reasons}"
@@ -657,20 +665,43 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
         raise NotModeledError("KV connectors under DCP are checked by VllmConfig validation, not modeled")
 
 
+def _check_prefill_context_parallel(case: CaseConfig, runner: str) -> None:
+    """The runner refuses a PCP configuration before any layer is built (MRv1 at VllmConfig
+    validation, MRv2 in its constructor's ``PCPManager.validate_config``). The drivers ask
+    before building layers, so a hybrid's block-size negotiation comes after it here."""
+    targets = [layer for layer in case.layers if not layer.is_draft]
+    refusal = prefill_context_parallel_refusal(
+        runner, case.prefill_context_parallel_size, case.decode_context_parallel_size,
+        use_mla=any(layer.kind in ("mla", "sliding_window_mla") for layer in targets),
+        is_encoder_decoder=any(layer.kind == "cross" for layer in case.layers),
+        has_drafts=len(targets) != len(case.layers),
+        # index_topk in the model's config: DeepSeek V3.2's sparse MLA, whose indexer cache is a layer.
+        is_sparse_mla=any(layer.kind == "mla_indexer" for layer in targets),
+    )
+    if refusal is not None:
+        raise StartupError(refusal[0], where=refusal[1])
+
+
 _LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer", "minimax_indexer")
 """Layer kinds with no attention ``impl`` (state-space mixers, DeepSeek V3.2's indexer cache, GLM-5-next's
 tail ring: caches written by other modules' kernels), which ``check_attention_cp_compatibility`` skips."""
 
 
-def _check_decode_context_parallel_backends(case: CaseConfig, backends: dict[str, str]) -> None:
-    """Both runners' ``check_attention_cp_compatibility`` (``v1/worker/cp_utils.py``): under
-    DCP every attention impl must return the softmax LSE during decode."""
-    if case.decode_context_parallel_size <= 1:
+def _check_context_parallel_backends(case: CaseConfig, backends: dict[str, str]) -> None:
+    """Both runners' ``check_attention_cp_compatibility`` (``v1/worker/cp_utils.py``), layer by
+    layer: under PCP every layer's backend must support it (state and indexer layers included:
+    each has a ``get_attn_backend``); under DCP every attention impl must return the softmax
+    LSE during decode."""
+    pcp, dcp = case.prefill_context_parallel_size, case.decode_context_parallel_size
+    if pcp * dcp <= 1:
         return
     for layer in case.layers:
-        if layer.kind in _LAYERS_WITHOUT_IMPL:
-            continue
         backend = backends[layer.name]
+        if pcp > 1 and not layer.is_draft and not bk.get_backend(backend).supports_pcp:
+            raise StartupError(f"PCP requires attention backend support, but {backend} does not support PCP.",
+                               where="vllm.v1.worker.cp_utils.check_attention_cp_compatibility")
+        if dcp <= 1 or layer.kind in _LAYERS_WITHOUT_IMPL:
+            continue
         if not bk.BACKENDS[backend].returns_lse:
             raise StartupError(
                 "Decode Context Parallelism (DCP) requires attention implementations to return the "
@@ -687,6 +718,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
+    _check_prefill_context_parallel(case, runner)
     given = case  # what the Derivation reports as its case (its replay line is the user's options)
     if _is_hybrid(case):
         # Engine start-up may raise --block-size for the state; in align mode the state's block is
@@ -704,7 +736,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
     if runner == "mrv1":
         # MRv1 checks DCP support in initialize_attn_backend, before any builder exists.
-        _check_decode_context_parallel_backends(case, backends)
+        _check_context_parallel_backends(case, backends)
     kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends)
     _check_release_builders(case, kv_plan, backends)
     views: dict[str, TensorView] = {}
@@ -726,7 +758,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         # MRv2's initialize_kv_cache checks it after init_attn_backend built the metadata
         # builders (gpu/model_runner.py: check_attention_cp_compatibility follows it), so
         # a builder's refusal comes first there.
-        _check_decode_context_parallel_backends(case, backends)
+        _check_context_parallel_backends(case, backends)
     _check_kernel_views(kv_plan, backends, views, builder_sizes)
     # EngineCore._initialize_kv_caches: cache_config.block_size is the smallest block of the
     # prefix-cacheable groups (a circular buffer's ring is not one), of every group if none is.

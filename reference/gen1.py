@@ -581,6 +581,9 @@ def derive_gen1(case: CaseConfig, runner: str = "mrv1") -> Gen1Derivation:
             f"case {case.name!r} is generation {case.generation}; derive_gen1 models generation 1 (vLLM < 0.30)"
         )
     version = check_gen1_version(case.vllm_version)
+    if case.prefill_context_parallel_size > 1:
+        raise NotModeledError("prefill context parallelism in vLLM 0.19 to 0.28 is not modeled "
+                              "(generation 2 predicts its refusals: reference.parallel)")
     layout = resolve_gen1_layout(case)
     hybrid = any(layer.kind == "mamba" for layer in case.layers)
     # The block-size negotiation of a hybrid model runs at start-up, before the specs are built.

@@ -1,4 +1,4 @@
-"""Tensor and decode-context parallelism: what one rank's KV cache sees.
+"""Tensor, decode-context and prefill-context parallelism: what one rank's KV cache sees.
 
 A case's layers carry *per-rank* head counts. This module turns a model's totals into
 them the way the target release does, and predicts the scheduler-side token spans DCP changes:
@@ -14,6 +14,15 @@ them the way the target release does, and predicts the scheduler-side token span
 
 The registered tensors themselves do not change with DCP: each rank stores every
 ``dcp``-th token (interleaved, see ``reference.block_tables``) in pages of the same shape.
+
+Prefill context parallelism (PCP, ``--prefill-context-parallel-size``) changes no layout either:
+PCP alone replicates the KV cache on its ranks (``ParallelConfig.pcp_shard_decode_requests``),
+and a DCP group spanning the PCP axis shards it as DCP does. What it adds are refusals, which
+``prefill_context_parallel_refusal`` predicts: only MRv2 runs it (``VllmConfig.
+_get_v1_model_runner_unsupported_features``), only for MLA models
+(``v1/worker/gpu/pcp_manager.py: PCPManager.validate_config``), and only on attention backends
+that support it (``v1/worker/cp_utils.py: check_attention_cp_compatibility``, in
+``reference.derive``).
 """
 
 from __future__ import annotations
@@ -74,12 +83,60 @@ def check_parallel(heads: ModelHeads, tensor_parallel_size: int, decode_context_
     check_tp_dcp(tp, dcp)
 
 
-def check_tp_dcp(tensor_parallel_size: int, decode_context_parallel_size: int) -> None:
-    """``ParallelConfig``'s validator without PCP: DCP reuses the TP ranks."""
-    if tensor_parallel_size % decode_context_parallel_size:
+def check_tp_dcp(tensor_parallel_size: int, decode_context_parallel_size: int,
+                 prefill_context_parallel_size: int = 1) -> None:
+    """``ParallelConfig``'s validator (``config/parallel.py``): without PCP, DCP reuses the TP
+    ranks; with PCP, DCP is off or spans the PCP axis or the whole TP x PCP grid."""
+    tp, dcp, pcp = tensor_parallel_size, decode_context_parallel_size, prefill_context_parallel_size
+    if pcp == 1:
+        if tp % dcp:
+            raise ConfigError(f"tp_size={tp} must be divisible by dcp_size={dcp}.")
+    elif dcp not in (1, pcp, tp * pcp):
         raise ConfigError(
-            f"tp_size={tensor_parallel_size} must be divisible by dcp_size={decode_context_parallel_size}."
+            "When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP axis. "
+            f"Got TP={tp}, PCP={pcp}, DCP={dcp}; valid DCP sizes are {sorted({1, pcp, tp * pcp})}."
         )
+
+
+PCP_MODEL_RUNNER_REFUSAL = "Model Runner V1 does not support: prefill context parallel"
+"""``VllmConfig._validate_v1_model_runner`` (0.30 on): "PCP runtime support is implemented only by
+the V2 model runner"."""
+
+
+def prefill_context_parallel_refusal(
+    runner: str,
+    prefill_context_parallel_size: int,
+    decode_context_parallel_size: int,
+    *,
+    use_mla: bool,
+    is_encoder_decoder: bool,
+    has_drafts: bool,
+    is_sparse_mla: bool,
+) -> tuple[str, str] | None:
+    """(vLLM's message, where) for a PCP configuration a runner refuses before any layer exists,
+    or None.
+
+    MRv1 refuses PCP outright. MRv2 builds its ``PCPManager`` in the runner's constructor, whose
+    ``validate_config`` refuses models that are not MLA, encoder-decoder models, drafts that are
+    not DSpark or single-module MTP (a case's drafts are Eagle drafts: both runners build them
+    through their Eagle paths), and DCP beside PCP on dense MLA (#53573). Its CUDA-graph refusal
+    for sparse MLA is not predicted: cases are judged with CUDA graphs off, as the drivers'
+    ``VllmConfig`` resolves them on CPU (``cudagraph_mode`` NONE).
+    """
+    if prefill_context_parallel_size <= 1:
+        return None
+    if runner == "mrv1":
+        return PCP_MODEL_RUNNER_REFUSAL, "vllm/config/vllm.py: VllmConfig._validate_v1_model_runner"
+    where = "vllm/v1/worker/gpu/pcp_manager.py: PCPManager.validate_config"
+    if not use_mla:
+        return "MRV2 PCP currently supports MLA models only.", where
+    if is_encoder_decoder:
+        return "MRV2 PCP does not support encoder-decoder models yet.", where
+    if has_drafts:
+        return "MRV2 PCP only supports DSpark or single-module MTP speculative decoding.", where
+    if decode_context_parallel_size > 1 and not is_sparse_mla:
+        return "MRV2 PCP + DCP supports sparse MLA models only.", where
+    return None
 
 
 def dcp_block_span(block_size: int, dcp_sharded: bool, decode_context_parallel_size: int) -> int:
@@ -121,6 +178,7 @@ __all__ = [
     "ModelHeads",
     "check_parallel",
     "check_tp_dcp",
+    "prefill_context_parallel_refusal",
     "dcp_block_span",
     "per_rank_kv_heads",
     "scheduler_block_sizes",

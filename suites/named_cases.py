@@ -92,6 +92,14 @@ def _attention_and_mixers(mixer: StateMixer, *, num_kv_heads: int = 2, mixers: i
     return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + states
 
 
+def _kimi_k3_like_mla_hybrid() -> tuple[LayerConfig, ...]:
+    """Kimi K3's shape: two MLA layers, then two KDA mixers on their own backend."""
+    return (tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576)
+                  for i in range(2))
+            + tuple(LayerConfig(f"model.layers.{i}.self_attn", kind="mamba", backend="KIMI_K3_KDA",
+                                mixer=StateMixer("kimi_k3_kda", num_heads=4, head_dim=32)) for i in range(2, 4)))
+
+
 def _tiny(n: int, *, num_kv_heads: int = 2, **layer: object) -> tuple[LayerConfig, ...]:
     return uniform_layers(n, num_kv_heads=num_kv_heads, head_size=8, backend="FLASH_ATTN", **layer)  # type: ignore[arg-type]
 
@@ -289,10 +297,7 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "kimi-k3-kda-mla-b64",
-            tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576)
-                  for i in range(2))
-            + tuple(LayerConfig(f"model.layers.{i}.self_attn", kind="mamba", backend="KIMI_K3_KDA",
-                                mixer=StateMixer("kimi_k3_kda", num_heads=4, head_dim=32)) for i in range(2, 4)),
+            _kimi_k3_like_mla_hybrid(),
             block_size=64,
             num_blocks=8,
             note="Kimi K3's shape (MLA + KDA): an MLA hybrid's block is aligned to 128 tokens "
@@ -316,6 +321,53 @@ def _build() -> dict[str, CaseConfig]:
             tensor_parallel_size=4,
             decode_context_parallel_size=2,
             note="DeepSeek-like MLA + Eagle draft at TP 4 / DCP 2: the same pages; a block spans 128 tokens.",
+        ),
+        CaseConfig(
+            "pcp2-mla-flashmla-b64",
+            uniform_layers(2, kind="mla", backend="FLASHMLA", head_size=576),
+            block_size=64,
+            num_blocks=8,
+            prefill_context_parallel_size=2,
+            note="MLA at PCP 2: the ranks replicate the cache (the pages of mla-flashmla-b64); MRv2 runs it through "
+            "its PCPManager, MRv1 refuses PCP (VllmConfig._validate_v1_model_runner).",
+        ),
+        CaseConfig(
+            "pcp2-dcp2-sparse-mla-b64",
+            mla_with_indexer_caches(2, "FLASHMLA"),
+            block_size=64,
+            num_blocks=8,
+            tensor_parallel_size=2,
+            decode_context_parallel_size=2,
+            prefill_context_parallel_size=2,
+            note="DeepSeek V3.2-style sparse MLA at TP 2, PCP 2 with DCP spanning the PCP axis (DCP 2): the only "
+            "PCP+DCP MRv2 takes; the drivers cannot build DeepSeek V3.2's own attention class, which supports it.",
+        ),
+        CaseConfig(
+            "pcp2-dcp2-dense-mla-refused",
+            uniform_layers(2, kind="mla", backend="FLASHMLA", head_size=576),
+            block_size=64,
+            num_blocks=8,
+            decode_context_parallel_size=2,
+            prefill_context_parallel_size=2,
+            note="Dense MLA with PCP and DCP: MRv2 refuses it (PCPManager.validate_config: the ranks' DCP "
+            "gathers diverge, vllm-project/vllm#53573).",
+        ),
+        CaseConfig(
+            "pcp2-gqa-refused",
+            _qwen3_like(),
+            block_size=16,
+            num_blocks=16,
+            prefill_context_parallel_size=2,
+            note="PCP on a GQA model: MRv2 runs PCP for MLA models only, MRv1 not at all.",
+        ),
+        CaseConfig(
+            "pcp2-kda-mla-hybrid-refused",
+            _kimi_k3_like_mla_hybrid(),
+            block_size=64,
+            num_blocks=16,
+            prefill_context_parallel_size=2,
+            note="Kimi K3's MLA + KDA at PCP 2: MRv2 validates the MLA model, then check_attention_cp_compatibility "
+            "refuses the KDA layers' backend (no PCP support in state backends).",
         ),
         CaseConfig(
             "gqa-tp8-dcp4-flashinfer-b128",

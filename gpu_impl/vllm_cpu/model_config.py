@@ -40,11 +40,18 @@ class ModelConfigStandIn:
       ``rswa_window``: FA4's hd256 fallback checks (``_fa4_hd256_fallback_reason``).
     - ``hf_config.sparse_attention_config``: MiniMax M3's indexer builder reads its index-query
       head count there (queries only, not the layout).
+    - ``hf_text_config.index_topk`` for a case with DeepSeek V3.2 indexer caches: sparse MLA, as
+      ``PCPManager.validate_config`` tells it.
     """
 
     supports_kv_cache_grouping = False
     is_mm_prefix_lm = False
     rswa_window = None
+    # What VllmConfig._get_v1_model_runner_unsupported_features reads (asked under PCP): not a
+    # diffusion model, no architecture of its own (negotiate_hybrid_block_size sets one for a
+    # hybrid's model class).
+    is_diffusion = False
+    architecture: str | None = None
 
     def __init__(self, case, torch_dtype) -> None:
         targets = [l for l in case.layers if not l.is_draft and l.kind != "mamba"]
@@ -66,6 +73,10 @@ class ModelConfigStandIn:
             self.hf_text_config = SimpleNamespace(kv_lora_rank=first.head_size - MLA_ROPE_DIM,
                                                   qk_rope_head_dim=MLA_ROPE_DIM, qk_nope_head_dim=MLA_NOPE_DIM,
                                                   v_head_dim=MLA_NOPE_DIM)
+            if any(l.kind == "mla_indexer" for l in targets):
+                # A sparse-MLA model (DeepSeek V3.2's config carries index_topk 2048): MRv2's
+                # PCPManager.validate_config tells sparse MLA from dense by this attribute alone.
+                self.hf_text_config.index_topk = 2048
         self.hf_config = SimpleNamespace(model_type="kvconform-case")
         if any(l.kind == "minimax_indexer" for l in case.layers):
             # MiniMax M3's indexer metadata builder reads its index-query head count off the model's

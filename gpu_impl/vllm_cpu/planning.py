@@ -129,6 +129,7 @@ def vllm_config_for(case) -> Iterator[Any]:
     pc = vc.parallel_config
     pc.tensor_parallel_size = case.tensor_parallel_size
     pc.decode_context_parallel_size = case.decode_context_parallel_size
+    pc.prefill_context_parallel_size = getattr(case, "prefill_context_parallel_size", 1)
     # --attention-backend: the target layers' explicit choice, read by vLLM's selector
     # (and inherited, or not, by each runner's draft path).
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -161,7 +162,7 @@ def vllm_config_for(case) -> Iterator[Any]:
                 shims.conv_state_layout(os.environ.get("VLLM_SSM_CONV_STATE_LAYOUT")):
             yield vc
     finally:
-        pc.tensor_parallel_size = pc.decode_context_parallel_size = 1
+        pc.tensor_parallel_size = pc.decode_context_parallel_size = pc.prefill_context_parallel_size = 1
         os.environ.pop("VLLM_KV_CACHE_LAYOUT", None)
         if saved_env is not None:
             os.environ["VLLM_KV_CACHE_LAYOUT"] = saved_env
@@ -341,9 +342,13 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from gpu_impl.vllm_cpu import planning_api as planning
 
+    from gpu_impl.vllm_cpu import runners
     from gpu_impl.vllm_cpu.runners import mixer_environment
 
     with vllm_config_for(case) as vc:
+        with _stage("config"):
+            # What refuses PCP before any layer is built: the runner's own validation.
+            runners.check_prefill_context_parallel(case, runner, vc)
         with _stage("specs"), mixer_environment(case):
             layers = _build_layers(case, runner, vc)
             _negotiate_block_size(case, vc)

@@ -330,17 +330,60 @@ def mixer_environment(case):
     return shims.tensor_parallel_group(case.tensor_parallel_size) if _has_mixers(case) else contextlib.nullcontext()
 
 
+def _pcp_size(case) -> int:
+    return getattr(case, "prefill_context_parallel_size", 1)
+
+
+def check_prefill_context_parallel(case, runner: str, vc) -> None:
+    """What refuses PCP before the model is loaded, run as vLLM runs it: MRv1 at
+    ``VllmConfig`` validation (``_validate_v1_model_runner``), MRv2 in its constructor
+    (``pcp_manager.maybe_build_pcp_manager`` -> ``PCPManager.validate_config``). Only asked
+    under PCP: the cases set nothing else those validators read."""
+    if _pcp_size(case) <= 1:
+        return
+    if runner == "mrv1":
+        validate = getattr(vc, "_validate_v1_model_runner", None)
+        if validate is None:
+            raise RunnerUnavailable("this vLLM's VllmConfig has no _validate_v1_model_runner to ask about PCP")
+        validate()
+        return
+    try:
+        from vllm.v1.worker.gpu.pcp_manager import PCPManager
+    except ImportError as exc:
+        raise RunnerUnavailable(f"this vLLM's MRv2 has no PCPManager: {exc}") from None
+    # The case's drafts are Eagle drafts (both runners build them through their Eagle paths).
+    speculative = _pcp_speculative_stand_in() if any(l.is_draft for l in case.layers) else None
+    with shims.attributes_set(vc, speculative_config=speculative):
+        PCPManager.validate_config(vc, supports_mm_inputs=False)
+
+
+def _pcp_speculative_stand_in() -> SimpleNamespace:
+    """The ``SpeculativeConfig`` answers ``PCPManager.validate_config`` reads for an Eagle draft."""
+    return SimpleNamespace(method="eagle", use_dspark=lambda: False, use_multi_module_mtp=lambda: False)
+
+
+def _pcp_build_check(case) -> None:
+    """Layers the drivers cannot build as the model would under PCP."""
+    if _pcp_size(case) > 1 and case.decode_context_parallel_size > 1 and any(
+            l.kind in ("mla", "sliding_window_mla") for l in case.layers):
+        raise RunnerUnavailable(
+            "PCP+DCP on sparse MLA needs DeepSeek V3.2's own attention class (models/deepseek_v32/attention.py, "
+            "supports_pcp_dcp), which the drivers do not build; the generic MLAAttention refuses PCP+DCP")
+
+
 def build_layers(case, runner: str, vc) -> dict[str, Any]:
     """The case's layers as the loaded model (and drafter) leave them, by name."""
     from vllm.utils.torch_utils import set_default_torch_dtype
 
+    _pcp_build_check(case)
     fc = vc.compilation_config.static_forward_context
     fc.clear()
     built: dict[str, Any] = {}
     draft = draft_sub_configs(case, runner, vc) if any(l.is_draft for l in case.layers) else None
     dcp = shims.decode_context_parallel_group(case.decode_context_parallel_size)
+    pcp = shims.prefill_context_parallel_group(_pcp_size(case))
     # Mixer classes read the tensor-parallel group when built and when asked for their state.
-    with shims.cuda_on_meta(), dcp, mixer_environment(case), set_default_torch_dtype(_torch_dtype(case.model_dtype)):
+    with shims.cuda_on_meta(), dcp, pcp, mixer_environment(case), set_default_torch_dtype(_torch_dtype(case.model_dtype)):
         for layer in case.layers:
             subs = draft if layer.is_draft else _DraftBase.of(vc)
             with _sub_configs(vc, subs):
@@ -457,7 +500,7 @@ def _mrv2_runner(case, vc, device):
         vocab_size=vc.model_config.get_vocab_size(),
         dcp_size=vc.parallel_config.decode_context_parallel_size,
         dcp_rank=0,
-        pcp_manager=None,
+        pcp_manager=_mrv2_pcp_manager(case, vc, device),
         batch_sharder=None,
         speculator=_mrv2_speculator(case, vc, device, drafts) if drafts else None,
         lora_capture_cases=[0],
@@ -501,6 +544,18 @@ def _mrv2_runner(case, vc, device):
     # One sampled token per step where the model state does not say (releases before 0.28).
     r.decode_query_len = (1 if drafts else 0) + getattr(r.model_state, "num_new_sampled_tokens_per_step", 1)
     return r
+
+
+def _mrv2_pcp_manager(case, vc, device):
+    """MRv2's own ``maybe_build_pcp_manager`` as its constructor calls it (None without PCP);
+    ``initialize_kv_cache`` hands it the block tables."""
+    if _pcp_size(case) <= 1:
+        return None
+    from vllm.v1.worker.gpu import pcp_manager as pcp
+
+    with shims.prefill_context_parallel_group(_pcp_size(case)), \
+            shims.decode_context_parallel_group(case.decode_context_parallel_size):
+        return pcp.maybe_build_pcp_manager(vc, device, supports_mm_inputs=False)
 
 
 def _mrv2_speculator(case, vc, device, drafts):
@@ -687,7 +742,7 @@ def same_storage(a, b) -> bool:
 def initialisation_environment(case) -> Iterator[None]:
     """What a runner's initialize_kv_cache reads from the process besides its config."""
     with shims.single_pipeline_stage(), shims.decode_context_parallel_group(case.decode_context_parallel_size), \
-            shims.tensor_parallel_group(case.tensor_parallel_size):
+            shims.prefill_context_parallel_group(_pcp_size(case)), shims.tensor_parallel_group(case.tensor_parallel_size):
         yield
 
 

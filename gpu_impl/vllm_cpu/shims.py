@@ -207,8 +207,9 @@ def _patch_attention_selection(cls) -> None:
     # path validates the backend (validate_configuration) and returns its path; its
     # auto-selection walks the GPU's priority list over the backends that validate.
     # Most of validate_configuration asks the GPU (capability, compiled kernels); the
-    # part that is a property of the layer, the attention type, is kept: a real GPU
-    # neither runs nor auto-selects a backend that does not support the layer's type.
+    # parts that are properties of the layer and the configuration, the attention type and
+    # PCP, are kept: a real GPU neither runs nor auto-selects a backend that does not support
+    # the layer's type, or PCP when it is on (each answered by the backend class itself).
     def get_attn_backend_cls(c, selected_backend, attn_selector_config=None, num_heads=None, **_):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
@@ -221,8 +222,12 @@ def _patch_attention_selection(cls) -> None:
             backend = AttentionBackendEnum[declared]
         backend_cls = backend_class(backend.name)
         attn_type = getattr(attn_selector_config, "attn_type", None)
+        reasons = []
         if attn_type is not None and not backend_cls.supports_attn_type(attn_type):
-            reasons = [f"attention type {attn_type} not supported"]
+            reasons.append(f"attention type {attn_type} not supported")
+        if getattr(attn_selector_config, "use_pcp", False) and not backend_cls.supports_pcp():
+            reasons.append("PCP not supported")  # the configuration's, as validate_configuration asks it
+        if reasons:
             if selected_backend is not None:
                 raise ValueError(
                     f"Selected backend {selected_backend} is not valid for this configuration. Reason: {reasons}"
@@ -232,7 +237,7 @@ def _patch_attention_selection(cls) -> None:
 
     cls.get_attn_backend_cls = classmethod(get_attn_backend_cls)
     _applied.append(
-        f"{cls.__name__}.get_attn_backend_cls: a backend not supporting the layer's attention type is refused "
+        f"{cls.__name__}.get_attn_backend_cls: a backend not supporting the layer's attention type (or PCP) is refused "
         "(CudaPlatform's validation); explicit backends as given; auto-selection -> the backend the case declares"
     )
 
@@ -448,6 +453,19 @@ def decode_context_parallel_group(world_size: int) -> Iterator[None]:
     if hasattr(ps, "get_dcp_world_size_and_rank"):  # 0.31 on; 0.30's layers read get_dcp_group() alone
         group["get_dcp_world_size_and_rank"] = lambda *args, **kwargs: (world_size, 0)
     with attributes_set(ps, **group):
+        yield
+
+
+@contextlib.contextmanager
+def prefill_context_parallel_group(world_size: int) -> Iterator[None]:
+    """The PCP process group as rank 0 of ``world_size`` (no torch.distributed here): attention
+    impls, block tables and MRv2's ``PCPManager`` read its size and rank."""
+    import vllm.distributed.parallel_state as ps
+
+    if world_size <= 1 or not hasattr(ps, "_PCP"):
+        yield
+        return
+    with attributes_set(ps, _PCP=_RankZeroGroup(world_size)):
         yield
 
 
@@ -731,6 +749,7 @@ __all__ = [
     "tensor_parallel_group",
     "conv_state_layout",
     "decode_context_parallel_group",
+    "prefill_context_parallel_group",
     "fake_capability",
     "prepare_env",
     "set_capability",

@@ -53,6 +53,7 @@ BAD_VALUES = [
     ("generation", 3),
     ("tensor_parallel_size", 0),
     ("decode_context_parallel_size", False),
+    ("prefill_context_parallel_size", 0),
     ("disable_hybrid_kv_cache_manager", 1),
     ("name", ""),
     ("vllm_version", ""),

@@ -128,8 +128,13 @@ def test_select_common_block_size_matches_research_table() -> None:
     ("fields", "message"),
     [
         ({"tensor_parallel_size": 3, "decode_context_parallel_size": 2}, "tp_size=3 must be divisible by dcp_size=2."),
-        ({"tensor_parallel_size": "8"}, "tensor_parallel_size '8' must be a positive integer"),
-        ({"decode_context_parallel_size": 0}, "decode_context_parallel_size 0 must be a positive integer"),
+        ({"tensor_parallel_size": "8"}, "tensor_parallel_size '8' must be a positive integer (at most 4096)"),
+        ({"decode_context_parallel_size": 0}, "decode_context_parallel_size 0 must be a positive integer (at most 4096)"),
+        ({"prefill_context_parallel_size": 0}, "prefill_context_parallel_size 0 must be a positive integer (at most 4096)"),
+        ({"prefill_context_parallel_size": 1 << 20}, "prefill_context_parallel_size 1048576 must be an integer from 1 to 4096"),
+        ({"tensor_parallel_size": 2, "decode_context_parallel_size": 3, "prefill_context_parallel_size": 2},
+         "When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP axis. "
+         "Got TP=2, PCP=2, DCP=3; valid DCP sizes are [1, 2, 4]."),
         ({"disable_hybrid_kv_cache_manager": "yes"}, "disable_hybrid_kv_cache_manager 'yes' must be true or false"),
     ],
 )

@@ -84,7 +84,9 @@ def _has_draft(case: CaseConfig) -> bool:
 
 def _params():
     for case in CASES:
-        runners = ("mrv1", "mrv2") if _has_draft(case) else ("mrv1",)
+        # Both runners where they differ by design (drafts; PCP, which only MRv2 runs).
+        both = _has_draft(case) or case.prefill_context_parallel_size > 1
+        runners = ("mrv1", "mrv2") if both else ("mrv1",)
         for runner in runners:
             marks = []
             if case.name in KNOWN_DISAGREEMENTS:

@@ -207,7 +207,23 @@ def _connectors() -> list[CaseConfig]:
     ]
 
 
+def _pcp() -> list[CaseConfig]:
+    """Prefill context parallelism: MRv1 refuses it, MRv2 runs it for MLA models only."""
+    return [
+        _case("pcp2-flashmla-bs64", mla(2), block_size=64, prefill_context_parallel_size=2),
+        _case("pcp2-triton_mla-bs128", mla(2, "TRITON_MLA"), block_size=128, prefill_context_parallel_size=2),
+        _case("pcp2-tp2-dcp4-flashmla-refused", mla(2), block_size=64, tensor_parallel_size=2,
+              decode_context_parallel_size=4, prefill_context_parallel_size=2),
+        _case("pcp2-gqa-refused", gqa(2), prefill_context_parallel_size=2),
+        _case("pcp2-flashmla+fa-draft-refused", mla(2) + (draft("FLASH_ATTN"),), block_size=64,
+              prefill_context_parallel_size=2),
+        # An MLA model with a GQA layer: the selector finds no backend supporting PCP for it.
+        _case("pcp2-flashmla+gqa-refused", mla(2) + gqa(1, start=2), block_size=64, prefill_context_parallel_size=2),
+    ]
+
+
 CASES: list[CaseConfig] = [
+    *_pcp(),
     *_dense(),
     *_quantized(),
     *_sm100(),
