@@ -131,7 +131,7 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("model_executor/models/deepseek_v2.py", "DeepseekV32IndexerCache", "MLAAttentionSpec (indexer role)",
            "mla_indexer", "dsv32-indexer-b64", "yes", True,
            "DeepSeek V3.2's sparse-MLA indexer K cache, on its own DEEPSEEK_V32_INDEXER backend; "
-           "also the zoo's deepseek-v3.2-exp"),
+           "also the zoo's deepseek-v3.2"),
     _layer("model_executor/models/extract_hidden_states.py", "CacheOnlyAttentionLayer", "HiddenStateCacheSpec",
            "hidden_state", "hidden-states-dense-b16", "yes", True,
            "built as a target layer (the extract_hidden_states proposer is not driven)"),

@@ -38,7 +38,27 @@ from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 ZOO_DIR = Path(__file__).with_name("zoo")
 
 # Draft heads and the target each one speculates for (file stems).
-DRAFT_TARGETS = {"eagle3-llama3.1-8b": "llama3-8b"}
+DRAFT_TARGETS = {"eagle3-llama3.1-8b": "llama3-8b", "eagle3-deepseek-v3": "deepseek-v3"}
+
+# Where a file is not the Hub's config.json byte for byte (no network here: each came from a copy
+# found in public repositories), what it is, by file stem.
+PROVENANCE: dict[str, str] = {
+    "gemma4-e2b": (
+        "config.json reconstructed, not fetched (no network here): transformers 5.20.2's Gemma4Config "
+        "defaults, which its docstring gives as similar to google/gemma-4-e2b-it; the vision and audio "
+        "configs left out"),
+    "gemma4-31b-it": (
+        "google/gemma-4-31B-it's config as transformers 5.7 prints it (Gemma4Config repr, keys sorted), "
+        "not the raw file: its text_config is the Hub's, its vision_config carries loader-added keys"),
+    "deepseek-v3.2": "deepseek-ai/DeepSeek-V3.2's config.json, from a repository vendoring Hub configs",
+    "kimi-k3": (
+        "moonshotai/Kimi-K3's config.json, transcribed from a published dump (7006 bytes, the official "
+        "file's size)"),
+    "minimax-m3": "MiniMaxAI/MiniMax-M3's config.json, two independent copies agreeing",
+    "eagle3-deepseek-v3": (
+        "the Eagle3 draft config SpecForge trains for DeepSeek-V3 (sgl-project/SpecForge "
+        "configs/deepseek-v3-671b-eagle3.json), not a particular Hub repository's"),
+}
 
 # An attention backend's MLA sibling, for MLA models given a plain backend name.
 MLA_BACKEND_FOR = {
@@ -63,8 +83,10 @@ _DECODER_ONLY = {
     "gemma4_text",
     "gpt_oss",
 }
-_SUPPORTED = _DECODER_ONLY | {"deepseek_v3", "deepseek_v32", "qwen3_next", "nemotron_h", "whisper"}
+_SUPPORTED = _DECODER_ONLY | {"deepseek_v3", "deepseek_v32", "qwen3_next", "nemotron_h", "whisper", "kimi_linear",
+                              "minimax_m3_vl"}
 _DEEPSEEK_MLA = {"deepseek_v3", "deepseek_v32"}
+_MLA_MODELS = _DEEPSEEK_MLA | {"kimi_linear"}
 
 # vLLM's _get_and_verify_dtype: float32 checkpoints are served in the platform's half
 # dtype (bfloat16 on SM80+) unless --dtype says otherwise.
@@ -105,7 +127,7 @@ class ZooModel:
 
     @property
     def is_mla(self) -> bool:
-        return self.model_type in _DEEPSEEK_MLA
+        return self.model_type in _MLA_MODELS
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -130,10 +152,6 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
             "backends and their spec fields, topk_buffer_width, are not modeled); each layer's indexer "
             "K cache is the mla_indexer kind (DeepseekV32IndexerCache, 132 uint8 per token)"
         )
-        notes.append(
-            "config.json reconstructed, not fetched (no network here): DeepSeek-V3's published config "
-            "with DeepSeek-V3.2-Exp's architectures, model_type and index_n_heads/index_head_dim/index_topk"
-        )
     if model_type == "gpt_oss":
         notes.append(
             "attention sinks change compute only (Attention(..., sinks=...) keeps the plain "
@@ -152,11 +170,6 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
         notes.append(
             "only the text decoder (text_config), named language_model.model.layers.{i}.self_attn.attn "
             "as Gemma4ForConditionalGeneration registers it; the vision and audio towers have no KV cache"
-        )
-        notes.append(
-            "config.json reconstructed, not fetched (no network here): transformers 5.20.2's Gemma4Config "
-            "defaults, which its docstring gives as similar to google/gemma-4-e2b-it; the vision and audio "
-            "configs left out"
         )
         notes.append(
             "attention_k_eq_v reuses K as V in compute only: Gemma4Attention's Attention keeps both K and V "
@@ -186,10 +199,32 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
             f"no layer_types: CacheConfig.sliding_window={cfg['sliding_window']} applies to every layer "
             "(vllm/engine/arg_utils.py create_engine_config)"
         )
+    if model_type == "kimi_linear":
+        notes.append(
+            "only the text decoder (text_config), named language_model.model.layers.{i}.self_attn as "
+            "KimiK3ForConditionalGeneration registers it; KDA layers (linear_attn_config.kda_layers, 1-based) are "
+            "KimiK3DeltaAttention mixers on KIMI_K3_KDA, the others MLA"
+        )
+        notes.append(
+            "Kimi K3's own MultiHeadLatentAttention (NoPE MLA, 576-wide latent) is built as vLLM's MLAAttention: "
+            "the same MLAAttentionSpec page (its max_tp_shards and non-causal decode flags are not modeled)"
+        )
+    if model_type == "minimax_m3_vl":
+        notes.append(
+            "only the text decoder (text_config), named language_model.model.layers.{i}.self_attn.attn; layers with "
+            "sparse_attention_freq set also keep the lightning indexer's key cache (MiniMaxM3IndexerCache, "
+            "kind minimax_indexer, sparse_index_dim wide)"
+        )
+        notes.append(
+            "MiniMaxM3SparseAttention's block-sparse impl is not driven: its page is built as vLLM's Attention "
+            "(the same FullAttentionSpec); the MTP modules are not modeled as drafts"
+        )
     if draft is not None:
         notes.append(
             "Eagle3 draft: one decoder layer named model.layers.{num_hidden_layers + i}.self_attn.attn "
-            "under the target's backend; its own torch_dtype is replaced by the target's (SpeculativeConfig)"
+            "under the target's backend (beside an MLA target: the plain sibling of the given backend, else "
+            "FLASH_ATTN); its own torch_dtype is replaced by the target's (SpeculativeConfig); an MLA target's "
+            "MTP layers are not loaded"
         )
     return tuple(notes)
 
@@ -226,7 +261,8 @@ def _model(name: str, path: Path, cfg: dict[str, Any], *, draft: dict | None = N
         config=cfg,
         draft_config=draft,
         draft_path=draft_path,
-        approximations=_approximations(model_type, text, draft),
+        approximations=_approximations(model_type, text, draft) + tuple(
+            PROVENANCE[p.stem] for p in (path, draft_path) if p is not None and p.stem in PROVENANCE),
     )
 
 
@@ -322,6 +358,28 @@ def _attention_backend(backend: str, *, mla: bool) -> str:
     return backend
 
 
+def kimi_kda_layers(text: Mapping[str, Any]) -> set[int]:
+    """Kimi K3's KDA layers, 0-based (``KimiLinearConfig.is_kda_layer``: ``layer_idx + 1`` in
+    ``linear_attn_config.kda_layers``)."""
+    linear = text.get("linear_attn_config") or {}
+    return {i - 1 for i in linear.get("kda_layers", ())}
+
+
+def minimax_sparse_layers(text: Mapping[str, Any]) -> set[int]:
+    """MiniMax M3's layers with a sparse index branch (``_sparse_attention_layer_ids``)."""
+    freq = (text.get("sparse_attention_config") or {}).get("sparse_attention_freq") or ()
+    return {i for i, f in enumerate(freq) if f != 0}
+
+
+def _draft_backend(backend: str) -> str:
+    """A GQA draft's backend beside an MLA target: the plain sibling of the given backend, else
+    FLASH_ATTN (vLLM auto-selects the draft's; FLASH_ATTN is SM90's first choice)."""
+    if not get_backend(backend).is_mla:
+        return _attention_backend(backend, mla=False)
+    plain = {mla: base for base, mla in MLA_BACKEND_FOR.items()}
+    return plain.get(backend, "FLASH_ATTN")
+
+
 def _state_mixer(text: Mapping[str, Any], model_type: str) -> StateMixer:
     """The family's state layer as vLLM's own mixer class builds it from this config (its state is
     the class's, predicted by ``reference.state_mixers``)."""
@@ -334,6 +392,11 @@ def _state_mixer(text: Mapping[str, Any], model_type: str) -> StateMixer:
         # NemotronHMambaDecoderLayer -> MambaMixer2 (model_executor/models/nemotron_h.py)
         return StateMixer("mamba2", num_heads=text["mamba_num_heads"], head_dim=text["mamba_head_dim"],
                           n_groups=text["n_groups"], state_size=text["ssm_state_size"], conv_kernel=text["conv_kernel"])
+    if model_type == "kimi_linear":
+        # KimiDecoderLayer -> KimiK3DeltaAttention (models/kimi_k3/nvidia/model.py, use_full_rank_gate)
+        linear = text["linear_attn_config"]
+        return StateMixer("kimi_k3_kda", num_heads=linear["num_heads"], head_dim=linear["head_dim"],
+                          conv_kernel=linear.get("short_conv_kernel_size", 4))
     raise ConfigError(f"no state layers for model_type {model_type!r}")
 
 
@@ -400,7 +463,8 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
     elif mt in _DEEPSEEK_MLA:
         mla = _attention_backend(backend, mla=True)
         width = text["kv_lora_rank"] + text["qk_rope_head_dim"]
-        total = n + text.get("num_nextn_predict_layers", 0)
+        # The MTP layers are a draft only when MTP drafts: beside an Eagle3 head they are not loaded.
+        total = n + (text.get("num_nextn_predict_layers", 0) if model.draft_config is None else 0)
         for i in range(total):
             layers.append(
                 LayerConfig(
@@ -426,6 +490,30 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
                         is_draft=i >= n,
                     )
                 )
+    elif mt == "kimi_linear":
+        mla = _attention_backend(backend, mla=True)
+        kda = kimi_kda_layers(text)
+        if not (text.get("linear_attn_config") or {}).get("use_full_rank_gate", False):
+            raise NotModeledError("Kimi-Linear's KimiLinearGatedDeltaNetAttention (no use_full_rank_gate) is not modeled; "
+                                  "Kimi K3's full-rank-gate KDA is")
+        for i in range(n):
+            name = f"language_model.model.layers.{i}.self_attn"
+            if i in kda:
+                layers.append(_mamba_layer(name, text, mt))
+            else:
+                layers.append(LayerConfig(name, kind="mla", backend=mla, num_kv_heads=1,
+                                          head_size=text["kv_lora_rank"] + text["qk_rope_head_dim"],
+                                          cache_dtype=cache_dtype))
+    elif mt == "minimax_m3_vl":
+        attn = _attention_backend(backend, mla=False)
+        sparse = minimax_sparse_layers(text)
+        index_dim = (text.get("sparse_attention_config") or {}).get("sparse_index_dim")
+        for i in range(n):
+            name = f"language_model.model.layers.{i}.self_attn.attn"
+            layers.append(attention(name, attn))
+            if i in sparse:
+                layers.append(LayerConfig(f"{name}.index_cache", kind="minimax_indexer",
+                                          backend=LAYER_OWN_BACKENDS["minimax_indexer"][0], head_size=index_dim))
     elif mt == "qwen3_next":
         attn = _attention_backend(backend, mla=False)
         for i, t in enumerate(layer_types(text, mt)):
@@ -465,7 +553,7 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
         raise ConfigError(f"model_type {mt!r} is not converted")
     if model.draft_config is not None:
         draft = model.draft_config
-        attn = _attention_backend(backend, mla=False)
+        attn = _draft_backend(backend) if model.is_mla else _attention_backend(backend, mla=False)
         start = n  # llama_eagle3: start_layer_id = target num_hidden_layers
         for j in range(draft["num_hidden_layers"]):
             layers.append(
@@ -542,6 +630,9 @@ def to_case(
 
 __all__ = [
     "DRAFT_TARGETS",
+    "PROVENANCE",
+    "kimi_kda_layers",
+    "minimax_sparse_layers",
     "MLA_BACKEND_FOR",
     "ZOO_DIR",
     "ZooModel",

@@ -26,12 +26,12 @@ COMBOS = (("FLASH_ATTN", 16, None), ("FLASHINFER", 128, "LBNHC"), ("TRITON_ATTN"
 
 # (model, backend, block size) -> (error class, text in its message, why).
 EXPECTED_ERRORS = {
-    ("deepseek-v3.2-exp", "FLASH_ATTN", 16): (
+    ("deepseek-v3.2", "FLASH_ATTN", 16): (
         StartupError,
         "No common block size for 16",
         "DeepseekV32IndexerBackend supports only 64-token kernel blocks on CUDA (v1/attention/backends/mla/"
-        "indexer.py), which a 16-token block cannot hold; served, vLLM raises --block-size for it first "
-        "(update_block_size_for_backend, not modeled: the case's block size is taken as final)",
+        "indexer.py), which a 16-token block cannot hold; the case gives --block-size 16 explicitly, which "
+        "update_block_size_for_backend keeps (it only picks a block for a hybrid or an unset one)",
     ),
     ("whisper-large-v3", "FLASHINFER", 128): (
         StartupError,
@@ -45,6 +45,17 @@ EXPECTED_ERRORS = {
         "Gemma 4's full-attention layers are 512 wide (global_head_dim); FlashAttentionBackend.supports_head_size "
         "takes at most 256, so the platform's selector never gives those layers FLASH_ATTN",
     ),
+    ("gemma4-31b-it", "FLASH_ATTN", 16): (
+        ConfigError,
+        "head size 512 is not supported by FLASH_ATTN",
+        "as gemma4-e2b: Gemma 4's 512-wide global layers get no FlashAttention kernels",
+    ),
+    **{("minimax-m3", backend, size): (
+        StartupError,
+        f"No common block size for {size}",
+        "MiniMaxM3IndexerBackend takes 128-token kernel blocks only (models/minimax_m3/common/indexer.py), which "
+        "this block size cannot hold beside the attention backend's sizes",
+    ) for backend, size in (("FLASH_ATTN", 16), ("FLASHINFER", 128), ("TRITON_ATTN", 64))},
     ("phi-3-mini-4k", "FLASHINFER", 128): (
         ConfigError,
         "head size 96 is not supported by FLASHINFER",
@@ -104,7 +115,10 @@ def test_architectures_cover_the_brief() -> None:
     ):
         assert arch in archs
     assert ZOO["llama3-8b+eagle3-llama3.1-8b"].draft_config["architectures"] == ["LlamaForCausalLMEagle3"]
-    assert DRAFT_TARGETS == {"eagle3-llama3.1-8b": "llama3-8b"}
+    assert DRAFT_TARGETS == {"eagle3-llama3.1-8b": "llama3-8b", "eagle3-deepseek-v3": "deepseek-v3"}
+    for arch in ("DeepseekV32ForCausalLM", "KimiK3ForConditionalGeneration", "MiniMaxM3SparseForConditionalGeneration",
+                 "Gemma4ForConditionalGeneration"):
+        assert arch in archs
 
 
 def test_load_zoo_rejects_an_empty_folder(tmp_path) -> None:
@@ -237,7 +251,7 @@ def test_deepseek_v3_is_576_wide_single_head_mla_with_an_mtp_draft() -> None:
 
 
 def test_deepseek_v32_adds_an_indexer_cache_to_every_layer_and_the_mtp_draft() -> None:
-    case = _case("deepseek-v3.2-exp", "FLASHMLA", 64)
+    case = _case("deepseek-v3.2", "FLASHMLA", 64)
     assert _kinds(case) == {"mla": 62, "mla_indexer": 62}
     indexers = [l for l in case.layers if l.kind == "mla_indexer"]
     assert {(l.head_size, l.backend) for l in indexers} == {(132, "DEEPSEEK_V32_INDEXER")}  # 128 fp8 + one fp32 scale
@@ -255,6 +269,56 @@ def test_eagle3_draft_follows_the_llama3_target() -> None:
     assert draft.is_draft and (draft.num_kv_heads, draft.head_size) == (8, 128)
     assert sum(l.is_draft for l in case.layers) == 1
     assert case.model_dtype == "bfloat16"  # the target's, not the draft file's float16
+
+
+def test_eagle3_draft_beside_an_mla_target_replaces_its_mtp_layer() -> None:
+    case = _case("deepseek-v3+eagle3-deepseek-v3", "FLASHMLA", 64)
+    assert _kinds(case) == {"mla": 61, "full": 1}
+    draft = _layer(case, "model.layers.61.self_attn.attn")
+    assert draft.is_draft and draft.kind == "full" and (draft.num_kv_heads, draft.head_size) == (8, 128)
+    assert draft.backend == "FLASH_ATTN"  # FLASHMLA has no plain sibling
+    assert _layer(_case("deepseek-v3+eagle3-deepseek-v3", "FLASHINFER", 128), "model.layers.61.self_attn.attn").backend == "FLASHINFER"
+    assert case.model_dtype == "bfloat16"
+
+
+def test_kimi_k3_interleaves_kda_mixers_and_mla() -> None:
+    case = _case("kimi-k3", "FLASHMLA", 64)
+    assert _kinds(case) == {"mamba": 69, "mla": 24}
+    # kda_layers is 1-based: layer 3 (0-based) is the first MLA layer, and the last two layers are MLA.
+    assert [l.kind for l in case.layers[:5]] == ["mamba", "mamba", "mamba", "mla", "mamba"]
+    assert [l.kind for l in case.layers[-2:]] == ["mla", "mla"]
+    mla = _layer(case, "language_model.model.layers.3.self_attn")
+    assert (mla.num_kv_heads, mla.head_size, mla.backend) == (1, 576, "FLASHMLA")
+    kda = _layer(case, "language_model.model.layers.0.self_attn")
+    assert kda.backend == "KIMI_K3_KDA" and (kda.mixer.kind, kda.mixer.num_heads, kda.mixer.head_dim) == ("kimi_k3_kda", 96, 128)
+    # An MLA hybrid's block is raised to hold the KDA state, in multiples of 128 tokens.
+    served = hybrid_block_size(ZOO["kimi-k3"], "FLASHMLA", 64)
+    assert served > 64 and served % 128 == 0
+    with pytest.raises(ConfigError):
+        to_case(ZOO["kimi-k3"], block_size=64, backend="FLASHMLA", tensor_parallel_size=64)  # 96 KDA heads
+
+
+def test_minimax_m3_keeps_an_index_cache_beside_each_sparse_layer() -> None:
+    case = _case("minimax-m3", "FLASH_ATTN", 128)
+    assert _kinds(case) == {"full": 60, "minimax_indexer": 57}  # sparse_attention_freq: the first 3 are dense
+    assert not any(l.name == "language_model.model.layers.2.self_attn.attn.index_cache" for l in case.layers)
+    index = _layer(case, "language_model.model.layers.3.self_attn.attn.index_cache")
+    assert (index.head_size, index.backend) == (128, "MINIMAX_M3_SPARSE_INDEXER")
+    assert _geometry(case, "full") == {(4, 128)}
+    d = derive(case)
+    assert d.kernel_block_sizes and set(d.kernel_block_sizes) == {128}
+
+
+def test_gemma4_31b_has_ten_512_wide_global_layers() -> None:
+    case = _case("gemma4-31b-it", "FLASHINFER", 128, layout="LBNHC")
+    assert _geometry(case, "sliding_window") == {(16, 256)} and _geometry(case, "full") == {(4, 512)}
+    assert _kinds(case) == {"sliding_window": 50, "full": 10}
+
+
+def test_provenance_is_said_for_every_file_that_is_not_the_hubs() -> None:
+    assert any("transcribed" in a for a in ZOO["kimi-k3"].approximations)
+    assert any("reconstructed" in a for a in ZOO["gemma4-e2b"].approximations)
+    assert not any("reconstructed" in a for a in ZOO["gemma4-31b-it"].approximations)
 
 
 def test_qwen3_next_gdn_and_full_attention() -> None:

@@ -29,6 +29,7 @@ from reference.derive import derive
 from reference.state_mixers import layer_state
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import check_parallel
+from reference.config import LAYER_OWN_BACKENDS
 from suites.zoo import hybrid_block_size, load_zoo, model_heads, sliding_windows, to_case
 
 ZOO = load_zoo()
@@ -170,12 +171,18 @@ def test_zoo_reads_configs_like_transformers(name) -> None:
     transformers = pytest.importorskip("transformers")
     model = ZOO[name]
     raw = {k: v for k, v in model.config.items() if k != "model_type"}
+    model_type = model.config["model_type"]
+    if model_type not in transformers.CONFIG_MAPPING:
+        # A remote-code wrapper (Kimi K3's kimi_k3): its text config is a type transformers has.
+        raw = {k: v for k, v in model.text_config.items() if k != "model_type"}
+        model_type = model.model_type
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        parsed = transformers.AutoConfig.for_model(model.config["model_type"], **raw).get_text_config()
+        parsed = transformers.AutoConfig.for_model(model_type, **raw).get_text_config()
     n = model.text_config.get("num_hidden_layers", model.text_config.get("decoder_layers"))
-    if model.model_type in ("whisper", "deepseek_v3", "deepseek_v32", "nemotron_h"):
+    if model.model_type in ("whisper", "deepseek_v3", "deepseek_v32", "nemotron_h", "kimi_linear", "minimax_m3_vl"):
         assert getattr(parsed, "sliding_window", None) is None
+        assert not any(l.kind == "sliding_window" for l in to_case(model, block_size=128, backend="FLASHINFER").layers)
         return
     types = getattr(parsed, "layer_types", None)
     window = getattr(parsed, "sliding_window", None)
@@ -307,9 +314,13 @@ def test_zoo_parallel_heads_and_refusals_are_vllms(name) -> None:
 
     model = ZOO[name]
     raw = {k: v for k, v in model.config.items() if k != "model_type"}
+    model_type = model.config["model_type"]
+    if model_type not in transformers.CONFIG_MAPPING:  # a remote-code wrapper: its text config
+        raw = {k: v for k, v in model.text_config.items() if k != "model_type"}
+        model_type = model.model_type
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hf = transformers.AutoConfig.for_model(model.config["model_type"], **raw)
+        hf = transformers.AutoConfig.for_model(model_type, **raw)
     convertor = MODEL_ARCH_CONFIG_CONVERTORS.get(hf.model_type, ModelArchConfigConvertorBase)
     arch = convertor(hf, hf.get_text_config()).convert(supports_multimodal=False)
     stand_in = SimpleNamespace(model_arch_config=arch, use_mla=model.is_mla, multimodal_config=None)
@@ -334,6 +345,10 @@ def test_zoo_parallel_heads_and_refusals_are_vllms(name) -> None:
             assert str(exc).split(".")[0] in vllm_verdict, f"TP {tp} / DCP {dcp}: {exc!s} vs vLLM: {vllm_verdict}"
             continue
         assert vllm_verdict is None, f"TP {tp} / DCP {dcp}: vLLM refuses ({vllm_verdict}) but the zoo accepts"
-        target = [l for l in case.layers if not l.is_draft and l.kind != "mamba"]
+        # The model-wide geometry's layers (Gemma 4's global layers have their own KV heads,
+        # layer_geometry; indexer caches keep one key vector per token).
+        per_layer = model.model_type in ("gemma4", "gemma4_text")
+        target = [l for l in case.layers if not l.is_draft and l.kind not in ("mamba", *LAYER_OWN_BACKENDS)
+                  and (not per_layer or l.head_size == model.text_config["head_dim"])]
         expected = ModelConfig.get_num_kv_heads(stand_in, SimpleNamespace(tensor_parallel_size=tp))
         assert {l.num_kv_heads for l in target} == {expected}, f"TP {tp}"
