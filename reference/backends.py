@@ -389,6 +389,14 @@ BACKENDS: dict[str, BackendInfo] = {
             pcp_without_mla=True,
         ),
         BackendInfo(
+            # Qwen4-exp's QSAStateBackend: key-only side caches packed beside the main pages.
+            "QWEN4_EXP_EXP_QSA_STATE",
+            "models/qwen4_exp/common/qsa_cache.py",
+            (MultipleOf(1),),
+            layouts=(KVCacheLayout.BLNHC, BLHNC),
+            kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3"),
+        ),
+        BackendInfo(
             "CACHE_ONLY_ATTN",
             "model_executor/models/extract_hidden_states.py",
             (MultipleOf(1),),

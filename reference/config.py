@@ -30,6 +30,8 @@ LAYER_KINDS = (
     "hidden_state",
     "circular_buffer",
     "minimax_indexer",
+    "qsa_compressed_key",
+    "qsa_key_state",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
@@ -45,7 +47,14 @@ request of ``index_kpool`` x next_power_of_2(ceil((index_kpool + drafts) / index
 key and gate score of ``head_size`` each, no slot mapping), ``minimax_indexer`` is MiniMax M3's
 ``MiniMaxM3IndexerCache`` (an ``MLAAttentionSpec`` in the indexer role: one key-only index vector of
 ``head_size`` per token, bf16 or, with an fp8 cache dtype, fp8 e4m3, on its own
-``MINIMAX_M3_SPARSE_INDEXER`` backend)."""
+``MINIMAX_M3_SPARSE_INDEXER`` backend), ``qsa_compressed_key`` and ``qsa_key_state`` are Qwen4-exp's QSA side
+caches on their ``QWEN4_EXP_EXP_QSA_STATE`` backend: ``QSACompressedKeyCache`` (an ``MLAAttentionSpec`` of one
+bf16 key of ``head_size`` per ``index_kpool`` tokens: the compress ratio) and ``QSAKeyStateCache`` (a
+``CircularBufferSpec``: one ring block per request of ``index_kpool`` raw bf16 keys, plus the drafts rounded up
+to whole groups)."""
+
+QSA_KINDS = ("qsa_compressed_key", "qsa_key_state")
+"""Qwen4-exp's QSA side caches (``models/qwen4_exp/common/qsa_cache.py``)."""
 
 MINIMAX_INDEXER_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 """``MiniMaxM3IndexerCache``'s ``indexer_kv_dtype`` as cases set it: ``auto`` is its bf16 cache, an fp8
@@ -56,6 +65,8 @@ LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
     "hidden_state": ("CACHE_ONLY_ATTN", "CacheOnlyAttentionLayer"),
     "circular_buffer": ("KPOOL_TAIL", "Glm5NextTailCache"),
     "minimax_indexer": ("MINIMAX_M3_SPARSE_INDEXER", "MiniMaxM3IndexerCache"),
+    "qsa_compressed_key": ("QWEN4_EXP_EXP_QSA_STATE", "QSACompressedKeyCache"),
+    "qsa_key_state": ("QWEN4_EXP_EXP_QSA_STATE", "QSAKeyStateCache"),
 }
 """Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
 selector validation): kind -> (backend, layer class)."""
@@ -216,7 +227,8 @@ class LayerConfig:
     """``RSWAAttention(rswa_window=...)``: the generated tokens an R-SWA layer keeps (kind ``rswa``)."""
     index_kpool: int | None = None
     """Tokens per compressed key pool, > 1: ``Glm5NextTailCache(index_kpool=...)`` (kind ``circular_buffer``,
-    required) or ``Glm5NextIndexerCache(index_kpool=...)`` (kind ``mla_indexer``: the pooled indexer cache)."""
+    required) or ``Glm5NextIndexerCache(index_kpool=...)`` (kind ``mla_indexer``: the pooled indexer cache); for
+    Qwen4-exp's QSA caches (kinds ``qsa_compressed_key``, ``qsa_key_state``, required) the ``compress_ratio``."""
     mamba_shapes: tuple[tuple[int, ...], ...] = ()
     """A ``mamba`` layer built as a ``MambaBase`` stand-in: its state shapes (per TP rank)."""
     mamba_dtypes: tuple[str, ...] = ()
@@ -268,9 +280,14 @@ class LayerConfig:
         if self.kind == "circular_buffer" and (self.index_kpool or 0) < 2:
             raise ConfigError(f"layer {self.name!r}: kind 'circular_buffer' needs index_kpool >= 2 "
                               f"(Glm5NextTailCache asserts index_kpool > 1), got {self.index_kpool!r}")
-        if self.index_kpool is not None and self.kind not in ("circular_buffer", "mla_indexer"):
-            raise ConfigError(f"layer {self.name!r}: index_kpool {self.index_kpool!r} is only for kinds 'circular_buffer' "
-                              f"and 'mla_indexer', not {self.kind!r}")
+        if self.index_kpool is not None and self.kind not in ("circular_buffer", "mla_indexer", *QSA_KINDS):
+            raise ConfigError(f"layer {self.name!r}: index_kpool {self.index_kpool!r} is only for kinds 'circular_buffer', "
+                              f"'mla_indexer', {', '.join(repr(k) for k in QSA_KINDS)}, not {self.kind!r}")
+        if self.kind in QSA_KINDS and self.index_kpool is None:
+            raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs index_kpool (the QSA compress_ratio, >= 1)")
+        if self.kind in QSA_KINDS and self.cache_dtype != "auto":
+            raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} stores bf16 keys (the QSA side caches' dtype); "
+                              f"cache_dtype {self.cache_dtype!r} must be 'auto'")
         if self.kind == "mla_indexer" and self.index_kpool is not None and self.index_kpool < 2:
             raise ConfigError(f"layer {self.name!r}: kind 'mla_indexer' with index_kpool needs index_kpool >= 2 "
                               f"(Glm5NextIndexerCache asserts index_kpool > 1), got {self.index_kpool!r}")

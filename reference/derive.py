@@ -14,7 +14,7 @@ from functools import cached_property
 
 from reference import backends as bk
 from reference.backends import Packing
-from reference.config import CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
+from reference.config import QSA_KINDS, CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
 from reference.dtypes import dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import prefill_context_parallel_refusal, scheduler_block_sizes
@@ -43,6 +43,8 @@ _KIND = {
     "hidden_state": SpecKind.HIDDEN_STATE,
     "circular_buffer": SpecKind.CIRCULAR_BUFFER,
     "minimax_indexer": SpecKind.MLA,
+    "qsa_compressed_key": SpecKind.MLA,
+    "qsa_key_state": SpecKind.CIRCULAR_BUFFER,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -297,6 +299,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         )
     if layer.kind == "circular_buffer":
         return _kpool_tail_spec(case, layer)
+    if layer.kind in QSA_KINDS:
+        return _qsa_spec(case, layer)
     if layer.kind == "hidden_state":
         # CacheOnlyAttentionLayer.get_kv_cache_spec: num_heads x head_size in the model dtype
         # (kv_cache_dtype_str_to_dtype of auto/bf16/fp16), no V, no cache_dtype_str.
@@ -440,6 +444,33 @@ def _kpool_tail_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
         kind=SpecKind.CIRCULAR_BUFFER, block_size=ring, num_kv_heads=2, head_size=layer.head_size, head_size_v=0,
         dtype="bfloat16", dcp_sharded=False, is_draft=layer.is_draft,
     )
+
+
+def qsa_ring(compress_ratio: int, num_speculative_tokens: int = 0) -> int:
+    """``QSAKeyStateCache``'s ring: the open group plus the drafts stored before acceptance, rounded
+    up to whole groups."""
+    return -(-(compress_ratio + num_speculative_tokens) // compress_ratio) * compress_ratio
+
+
+def _qsa_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
+    """Qwen4-exp's QSA side caches (models/qwen4_exp/common/qsa_cache.py), bf16 keys of ``head_size``:
+    ``QSACompressedKeyCache`` an ``MLAAttentionSpec`` of one key per ``compress_ratio`` tokens,
+    ``QSAKeyStateCache`` a ``CircularBufferSpec`` ring (no drafts: the drivers build layers without a
+    speculative config). Their constructor refuses a block size the ratio does not divide."""
+    ratio = layer.index_kpool
+    assert ratio is not None  # LayerConfig validates it for these kinds
+    where = f"vllm.models.qwen4_exp.common.qsa_cache.{LAYER_OWN_BACKENDS[layer.kind][1]}"
+    if case.block_size % ratio:
+        raise StartupError("QSA cache block size must be divisible by the compression ratio", where=where)
+    if layer.kind == "qsa_compressed_key":
+        return AttentionSpec(kind=SpecKind.MLA, block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size,
+                             head_size_v=0, dtype="bfloat16", is_draft=layer.is_draft, tokens_per_state=ratio)
+    ring = qsa_ring(ratio)
+    if case.block_size % ring:
+        raise StartupError(f"QSA ring capacity {ring} must divide the attention block size {case.block_size}",
+                           where=where + ".get_kv_cache_spec")
+    return AttentionSpec(kind=SpecKind.CIRCULAR_BUFFER, block_size=ring, num_kv_heads=1, head_size=layer.head_size,
+                         head_size_v=0, dtype="bfloat16", is_draft=layer.is_draft)
 
 
 def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> LayerSpec:
@@ -682,7 +713,7 @@ def _check_prefill_context_parallel(case: CaseConfig, runner: str) -> None:
         raise StartupError(refusal[0], where=refusal[1])
 
 
-_LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer", "minimax_indexer")
+_LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer", "minimax_indexer", *QSA_KINDS)
 """Layer kinds with no attention ``impl`` (state-space mixers, DeepSeek V3.2's indexer cache, GLM-5-next's
 tail ring: caches written by other modules' kernels), which ``check_attention_cp_compatibility`` skips."""
 

@@ -91,8 +91,8 @@ INVENTORY: tuple[Coverage, ...] = (
     _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", "hidden_state",
           "hidden-states-swa-hybrid", "yes", True),
     _spec("CircularBufferSpec", "one ring block per request, no slot mapping", "circular_buffer", "kpool-tail-b64",
-          "yes", True, "built by GLM-5-next's Glm5NextTailCache; its other users (DeepSeek V4.1's compressor, "
-          "Qwen4's QSA key state, Step5's tail ring) are not driven yet. The ring counts no drafts (the drivers "
+          "yes", True, "built by GLM-5-next's Glm5NextTailCache and Qwen4-exp's QSAKeyStateCache (kind qsa_key_state); "
+          "its other users (DeepSeek V4.1's compressor, Step5's tail ring) are not driven yet. The ring counts no drafts (the drivers "
           "build layers without a speculative config)"),
     _spec("MambaSpec", "state-space layers' state (one block per request, or per mamba_block_size)", "mamba",
           "mamba-hybrid", "yes", True),
@@ -174,8 +174,15 @@ INVENTORY: tuple[Coverage, ...] = (
            "backend (128-token kernel pages); the sparse attention layer beside it is built as vLLM's Attention"),
     _layer("models/minimax_m3/nvidia/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
     _layer("models/qwen4_exp/amd/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
-    _layer("models/qwen4_exp/common/qsa_cache.py", "QSAKeyStateCache", "CircularBufferSpec", why=_FAMILY),
-    _layer("models/qwen4_exp/common/qsa_cache.py", "QSACompressedKeyCache", "MLAAttentionSpec", why=_FAMILY),
+    _layer("models/qwen4_exp/common/qsa_cache.py", "QSAKeyStateCache", "CircularBufferSpec", "qsa_key_state",
+           "qwen4-qsa-caches-b64", "yes", True,
+           "Qwen4-exp's QSA compressor ring (compress_ratio raw bf16 keys, drafts rounded up to whole groups) on its "
+           "QWEN4_EXP_EXP_QSA_STATE backend; MRv1 computes a slot mapping for it anyway "
+           "(expectation mrv1-qsa-ring-slot-mapping-reads-past-row)"),
+    _layer("models/qwen4_exp/common/qsa_cache.py", "QSACompressedKeyCache", "MLAAttentionSpec (tokens_per_state)",
+           "qsa_compressed_key", "qwen4-qsa-caches-b64", "yes", True,
+           "one compressed bf16 key per compress_ratio tokens; a ratio not dividing the block is refused by its "
+           "constructor (qwen4-qsa-ratio-refused-b16)"),
     _layer("models/qwen4_exp/nvidia/ple_layer.py", "Qwen4ExpPLELayer", "MambaSpec (via MambaBase)", why=_FAMILY),
     _layer("models/qwen4_exp/nvidia/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
     _layer("models/step5/nvidia/csa_tail_ring.py", "Step5CSATailRing", "CircularBufferSpec", why=_FAMILY),

@@ -59,6 +59,26 @@ def mla_with_kpool_tails(n: int, mla_backend: str, index_kpool: int = 4, *,
     )
 
 
+def attention_with_qsa_caches(n: int, backend: str, *, compress_ratio: int = 4, index_head_size: int = 128
+                              ) -> tuple[LayerConfig, ...]:
+    """Qwen4-exp's QSA layers as far as they are modeled: per layer a GQA attention cache (built as vLLM's
+    Attention: Qwen4ExpQSAAttention's own impl is not driven) and its two side caches, the compressed keys
+    (``QSACompressedKeyCache``) and the compressor's ring of raw keys (``QSAKeyStateCache``)."""
+    return tuple(
+        layer
+        for i in range(n)
+        for layer in (
+            LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=2, head_size=128),
+            LayerConfig(f"model.layers.{i}.self_attn.qsa.compressed_key_cache", kind="qsa_compressed_key",
+                        backend=LAYER_OWN_BACKENDS["qsa_compressed_key"][0], head_size=index_head_size,
+                        index_kpool=compress_ratio),
+            LayerConfig(f"model.layers.{i}.self_attn.qsa.key_state_cache", kind="qsa_key_state",
+                        backend=LAYER_OWN_BACKENDS["qsa_key_state"][0], head_size=index_head_size,
+                        index_kpool=compress_ratio),
+        )
+    )
+
+
 def attention_with_minimax_indexers(n: int, backend: str, *, index_cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
     """MiniMax M3's layers as far as they are modeled: per layer a GQA attention cache (built as vLLM's
     Attention: MiniMaxM3SparseAttention's own block-sparse impl is not driven) and its lightning
@@ -321,6 +341,23 @@ def _build() -> dict[str, CaseConfig]:
             tensor_parallel_size=4,
             decode_context_parallel_size=2,
             note="DeepSeek-like MLA + Eagle draft at TP 4 / DCP 2: the same pages; a block spans 128 tokens.",
+        ),
+        CaseConfig(
+            "qwen4-qsa-caches-b64",
+            attention_with_qsa_caches(2, "FLASH_ATTN"),
+            block_size=64,
+            num_blocks=16,
+            layout="BLHNC",
+            note="Qwen4-exp's QSA layers: GQA attention with a compressed key per 4 tokens (an MLAAttentionSpec, "
+            "tokens_per_state 4) and a 4-token ring of raw keys per request (a CircularBufferSpec), bf16 keys of 128.",
+        ),
+        CaseConfig(
+            "qwen4-qsa-ratio-refused-b16",
+            attention_with_qsa_caches(1, "FLASH_ATTN", compress_ratio=32),
+            block_size=16,
+            num_blocks=16,
+            layout="BLHNC",
+            note="A compress ratio of 32 does not divide --block-size 16: the QSA caches' constructor refuses it.",
         ),
         CaseConfig(
             "pcp2-mla-flashmla-b64",

@@ -44,6 +44,7 @@ FAMILIES = (
     "mla_indexer",
     "hidden_state",
     "kpool_tail",
+    "qsa",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
@@ -52,7 +53,9 @@ then makes the group plain full attention) and Prefix-LM attention
 (``PrefillPrefixLMAttention``, with a causal draft half the time) and DeepSeek V3.2's MLA
 layers each with its indexer K cache (``DeepseekV32IndexerCache``), and a target (dense, or with
 sliding windows) beside extract_hidden_states' ``CacheOnlyAttentionLayer``, and GLM-5-next's MLA layers each
-with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``). A seeded profile's configs
+with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``), and Qwen4-exp's QSA layers
+(attention with its compressed keys, ``QSACompressedKeyCache``, and its compressor ring, ``QSAKeyStateCache``). A
+seeded profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -198,6 +201,20 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
 
         # Kpools of 4 and 8 divide every drawn block size but 272; 48 divides 48 and 96 only.
         layers = list(mla_with_kpool_tails(n, pick(MLA_BACKENDS), pick((4, 8, 48))))
+    elif family == "qsa":
+        # Compress ratios 4, 8 and 16 divide every drawn block size (272 = 16 x 17).
+        ratio, index_head = pick((4, 8, 16)), pick((64, 128))
+        layers = [
+            layer
+            for i in range(n)
+            for layer in (
+                attention(f"model.layers.{i}.self_attn.attn"),
+                LayerConfig(f"model.layers.{i}.self_attn.qsa.compressed_key_cache", kind="qsa_compressed_key",
+                            backend=LAYER_OWN_BACKENDS["qsa_compressed_key"][0], head_size=index_head, index_kpool=ratio),
+                LayerConfig(f"model.layers.{i}.self_attn.qsa.key_state_cache", kind="qsa_key_state",
+                            backend=LAYER_OWN_BACKENDS["qsa_key_state"][0], head_size=index_head, index_kpool=ratio),
+            )
+        ]
     elif family == "hidden_state":
         if pick((False, True)):
             layers += [

@@ -271,6 +271,14 @@ def _build_layer(layer, cache_config, vc):
         # ring's size and dtype are the layer's own (get_kv_cache_spec), from index_kpool and drafts.
         return Glm5NextTailCache(head_dim=layer.head_size, dtype=torch.bfloat16, prefix=layer.name,
                                  cache_config=layer_cache, index_kpool=layer.index_kpool)
+    if kind in ("qsa_compressed_key", "qsa_key_state"):
+        import torch
+        owner = "QSACompressedKeyCache" if kind == "qsa_compressed_key" else "QSAKeyStateCache"
+        cls = _own_layer_class(layer, "vllm.models.qwen4_exp.common.qsa_cache", owner)
+        # As Qwen4-exp's QSA layer builds its side caches (models/qwen4_exp/common/qsa_cache.py): bf16 keys of
+        # the index head size, its compress_ratio; a text model keeps no MRoPE positions beside the raw keys.
+        return cls(head_size=layer.head_size, dtype=torch.bfloat16, cache_config=layer_cache, prefix=layer.name,
+                   vllm_config=vc, compress_ratio=layer.index_kpool)
     if kind == "hidden_state":
         CacheOnlyAttentionLayer = _own_layer_class(
             layer, "vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionLayer")

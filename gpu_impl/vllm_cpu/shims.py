@@ -688,6 +688,7 @@ LAYER_OWNED_BACKENDS = {
     "DEEPSEEK_V32_INDEXER": ("vllm.v1.attention.backends.mla.indexer", "DeepseekV32IndexerBackend"),
     "MINIMAX_M3_SPARSE_INDEXER": ("vllm.models.minimax_m3.common.indexer", "MiniMaxM3IndexerBackend"),
     "KPOOL_TAIL": ("vllm.v1.attention.backends.mla.indexer", "KpoolTailBackend"),
+    "QWEN4_EXP_EXP_QSA_STATE": ("vllm.models.qwen4_exp.common.qsa_cache", "QSAStateBackend"),
     "CACHE_ONLY_ATTN": ("vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionBackend"),
     "KIMI_K3_KDA": ("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),
 }

@@ -533,6 +533,23 @@ MUTATIONS = (
         frozenset({"groups", "tensor_placement", "kernel_block_size", "builder_kernel_block_size", "registered_shape",
                    "registered_offset"}),
     ),
+    Mutation(
+        # Qwen4-exp's compressed QSA keys stored one per token instead of one per compress_ratio tokens.
+        "qsa-compressed-key-per-token", "qwen4-qsa-caches-b64", "vllm.models.qwen4_exp.common.qsa_cache",
+        "QSACompressedKeyCache", _layer_spec_replaced(tokens_per_state=lambda spec: 1), "registered_shape",
+        # Four times the compressed-key page in the block-outermost block: the block stride, the pool and the
+        # later views move.
+        frozenset({"registered_shape", "bytes_per_block", "tensor_placement", "registered_offset", "registered_storage",
+                   "registered_stride"}),
+    ),
+    Mutation(
+        # Qwen4-exp's QSA compressor ring twice as long as QSAKeyStateCache computes it.
+        "qsa-key-state-ring-doubled", "qwen4-qsa-caches-b64", "vllm.models.qwen4_exp.common.qsa_cache",
+        "QSAKeyStateCache", _layer_spec_replaced(block_size=lambda spec: spec.block_size * 2), "groups",
+        # The ring's page doubles inside the attention page's block (packed, no larger block).
+        frozenset({"groups", "tensor_placement", "kernel_block_size", "builder_kernel_block_size", "registered_shape",
+                   "registered_offset"}),
+    ),
     # State layers built as vLLM's own mixer classes: each computes its state wrong once.
     Mutation(
         "mamba2-no-extra-groups-for-head-shards", "mamba2-mixer-tp2-one-group",
@@ -645,7 +662,7 @@ def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, mo
 def test_the_contract_catches_most_mutations() -> None:
     """The figure the README states: mutations caught by the contract alone."""
     caught = [m.id for m in MUTATIONS if m.contract]
-    assert len(caught) == 13 and len(MUTATIONS) == 34, (len(caught), len(MUTATIONS))
+    assert len(caught) == 13 and len(MUTATIONS) == 36, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
