@@ -61,7 +61,13 @@ def _layer(path: str, name: str, reports: str, kind: str | None = None, case: st
     return Coverage(path, name, "layer", reports, kind, case, driven, schedules, why)
 
 
-_DSV4 = "a DeepSeek V4 cache: the sparse-MLA compressor/indexer pages and their own builders; " + _NOT_YET
+_DSV4 = ("a DeepSeek V4 cache: it builds on CPU on the meta device, but V4's caches pack up to five groups of their "
+         "own block sizes (4 to 256 tokens, fp32 compressor states, 576/512-byte aligned MLA records) side by side in "
+         "one BLHNC block (kv_cache_planning._get_packed_kv_cache_groups), which the reference does not model; "
+         + _NOT_YET)
+_HISPARSE = ("HiSparse runs only on CUDA (VllmConfig refuses it elsewhere: 'HiSparse currently requires NVIDIA CUDA'), "
+             "on MRv2 with the hybrid manager; v1/hisparse/layout.py derives these specs from the sparse-MLA and indexer "
+             "specs and replaces the grouping with its own packing, which the reference does not model; " + _NOT_YET)
 _FAMILY = "a model family's own cache layer in vllm/models; " + _NOT_YET
 
 INVENTORY: tuple[Coverage, ...] = (
@@ -96,8 +102,8 @@ INVENTORY: tuple[Coverage, ...] = (
           "build layers without a speculative config)"),
     _spec("MambaSpec", "state-space layers' state (one block per request, or per mamba_block_size)", "mamba",
           "mamba-hybrid", "yes", True),
-    _spec("HiSparseHotSpec", "HiSparse's per-request hot cache (no views, no slot mapping)", why=_NOT_YET),
-    _spec("HiSparseResidentSpec", "HiSparse's reclaimable resident pages (no views)", why=_NOT_YET),
+    _spec("HiSparseHotSpec", "HiSparse's per-request hot cache (no views, no slot mapping)", why=_HISPARSE),
+    _spec("HiSparseResidentSpec", "HiSparse's reclaimable resident pages (no views)", why=_HISPARSE),
     _spec("UniformTypeKVCacheSpecs", "several same-type specs in one group", "full", "tiny-mixed-heads-lbnhc",
           "yes", True, "a group spec: arises from mixed layers (also rswa-after-full's reverse order)"),
     # --- the generic layers (model_executor/layers) --------------------------------------------

@@ -81,3 +81,19 @@ def test_a_driven_spec_class_is_what_vllm_builds_for_its_named_case(row, install
     # The group's class, or (in a UniformTypeKVCacheSpecs group) one of its layers' own.
     built = {g.spec_type for g in observation.groups} | {t for g in observation.groups for t in g.layer_spec_types}
     assert row.name in built, sorted(built)
+
+
+def test_the_findings_repro_shows_sliding_window_mla_promotion_raising() -> None:
+    """docs/findings/repro_swa_mla_promotion_bounded_replay.py, as a reader runs it: exit 1 with vLLM's
+    TypeError (``bounded_replay`` passed to ``MLAAttentionSpec`` when the hybrid manager is off). Once vLLM
+    drops the field in the promotion this fails: then the finding is fixed and DeepSeek V4's SWA cache can
+    be promoted."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repro = Path(__file__).resolve().parents[2] / "docs" / "findings" / "repro_swa_mla_promotion_bounded_replay.py"
+    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 1, done.stdout + done.stderr[-2000:]
+    assert "unexpected keyword argument 'bounded_replay'" in done.stdout, done.stdout
