@@ -96,6 +96,10 @@ _FP8 = ("fp8", "fp8_e4m3")
 
 
 
+ENCODER_ONLY_BACKENDS = frozenset({"FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION", "CPU_ATTN", "ROCM_ATTN"})
+"""The backends whose ``supports_attn_type`` admits ``AttentionType.ENCODER_ONLY`` (read off vLLM 0.33.0)."""
+
+
 def _mla_sliding_window_refusal(impl: str) -> str:
     """The dense MLA impls' constructor check (``unsupported_features = [alibi_slopes, sliding_window,
     logits_soft_cap]`` in each ``v1/attention/backends/mla/*.py``)."""
@@ -148,6 +152,12 @@ class BackendInfo:
     """``supports_pcp()`` on a backend that is not MLA: GLM-5-next's ``KpoolTailBackend`` (a
     ``DeepseekV32IndexerBackend``). Every MLA impl supports PCP (``MLAAttentionImpl.supports_pcp``);
     no other attention or state backend does."""
+
+    @property
+    def supports_encoder_only(self) -> bool:
+        """``supports_attn_type(AttentionType.ENCODER_ONLY)``: a backend an ``EncoderOnlyAttention`` layer
+        may be given (``ENCODER_ONLY_BACKENDS``)."""
+        return self.name in ENCODER_ONLY_BACKENDS
 
     @property
     def supports_pcp(self) -> bool:

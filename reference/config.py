@@ -32,6 +32,7 @@ LAYER_KINDS = (
     "minimax_indexer",
     "qsa_compressed_key",
     "qsa_key_state",
+    "encoder_only",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``

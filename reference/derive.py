@@ -495,12 +495,14 @@ def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpe
     for layer in case.layers:
         name = layer_backend(case, layer, runner)
         _check_layer_backend(case, layer, name)
+        backends[layer.name] = name
+        if layer.kind == "encoder_only":
+            continue  # EncoderOnlyAttention.get_kv_cache_spec: None (no KV cache)
         key = (name,) + tuple(getattr(layer, f) for f in _GEOMETRY_FIELDS)
         spec = memo.get(key)
         if spec is None:
             spec = memo[key] = _customized_spec(case, layer, name)
         specs[layer.name] = spec
-        backends[layer.name] = name
     return specs, backends
 
 
@@ -526,6 +528,8 @@ def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> 
     reasons = []
     if layer.kind == "cross" and not info.supports_cross_attention:
         reasons.append("attention type AttentionType.ENCODER_DECODER not supported")
+    if layer.kind == "encoder_only" and not info.supports_encoder_only:
+        reasons.append("attention type AttentionType.ENCODER_ONLY not supported")
     if (case.prefill_context_parallel_size > 1 and layer.kind not in LAYER_OWN_BACKENDS and layer.kind != "mamba"
             and not info.supports_pcp):
         # AttentionBackend.validate_configuration(use_pcp=...): under PCP only MLA impls qualify
@@ -742,6 +746,24 @@ def _check_context_parallel_backends(case: CaseConfig, backends: dict[str, str])
             )
 
 
+def _attention_free(case: CaseConfig, runner: str, backends: dict[str, str], layout: KVCacheLayout) -> Derivation:
+    """A model whose every layer is encoder-only (BERT-like pooling models): no layer reports a spec, the
+    engine core offers no memory and ``get_kv_cache_config_from_groups`` plans no group and one block of
+    nothing. The encoder-only layers' metadata builders still exist, with ``cache_config.block_size``: MRv1
+    appends an ``EncoderOnlyAttentionSpec`` group of them to its own copy of the config
+    (``may_add_encoder_only_layers_to_kv_cache_config``), MRv2 builds them in ``EncoderOnlyModelState``."""
+    # Both runners still check every attention impl for context parallelism (check_attention_cp_compatibility
+    # iterates the model's Attention layers, encoder-only ones included).
+    _check_context_parallel_backends(case, backends)
+    encoder_only = {layer.name: case.block_size for layer in case.layers if layer.kind == "encoder_only"}
+    return Derivation(
+        case=case, runner=runner, layer_backends=backends, specs={}, layout=layout,
+        plan=KVCachePlan(1, 0, (), (), layout), kernel_block_sizes=(), cache_block_size=case.block_size,
+        scheduler_block_size=case.block_size, hash_block_size=case.block_size, connector_kernel_block_size=None,
+        registered={}, builder_kernel_block_sizes=encoder_only, _geometry_inputs={},
+    )
+
+
 def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     """Run the reference pipeline; raises ConfigError, StartupError or NotModeledError."""
     if runner not in ("mrv1", "mrv2"):
@@ -749,6 +771,12 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
+    encoder_only = [layer.kind == "encoder_only" for layer in case.layers]
+    if any(encoder_only) and not all(encoder_only):
+        # ColQwen3.5 interleaves encoder-only attention with Gated DeltaNet layers (Attention.get_kv_cache_spec's
+        # comment): the runners' encoder-only metadata beside KV cache groups is not modeled yet.
+        raise NotModeledError("encoder-only layers beside layers with a KV cache are not modeled yet; "
+                              "an encoder-only model (every layer 'encoder_only') is")
     _check_prefill_context_parallel(case, runner)
     given = case  # what the Derivation reports as its case (its replay line is the user's options)
     if _is_hybrid(case):
@@ -759,6 +787,8 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
                        mamba_block_size=negotiated if case.mamba_cache_mode == "align" else case.mamba_block_size)
     specs, backends = _customized_specs(case, runner)
     layout = _resolve_layout(case, specs, backends)
+    if not specs:
+        return _attention_free(given, runner, backends, layout)
     groups = get_kv_cache_groups(dict(specs), layout, hybrid_manager=not case.disable_hybrid_kv_cache_manager,
                                  hidden_state_page_grows=holds(HIDDEN_STATE_PAGE_GROWS, case.vllm_version),
                                  sliding_window_packed_as_state=holds(SLIDING_WINDOW_PACKED_AS_STATE, case.vllm_version))

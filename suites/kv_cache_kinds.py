@@ -89,9 +89,12 @@ INVENTORY: tuple[Coverage, ...] = (
     _spec("SinkFullAttentionSpec", "full attention with static sink tokens", "sink_full", "sink-fa-b16", "yes", True),
     _spec("CrossAttentionSpec", "encoder-decoder cross attention", "cross", "enc-dec-cross-b16", "yes", False,
           "no request schedules: its block table is sized by encoder inputs; " + _NOT_YET),
-    _spec("EncoderOnlyAttentionSpec", "encoder-only attention (no paged KV)",
-          why="EncoderOnlyAttention allocates no KV cache; the runners build this spec themselves for "
-          "encoder-only models' metadata (v1/worker/gpu_model_runner.py); " + _NOT_YET),
+    _spec("EncoderOnlyAttentionSpec", "encoder-only attention (no paged KV)", "encoder_only", "bert-encoder-only-b16",
+          "yes", False,
+          "no KV cache: the runners build this spec themselves for the layers' metadata builders (MRv1's "
+          "may_add_encoder_only_layers_to_kv_cache_config, MRv2's EncoderOnlyModelState), whose block size is "
+          "checked; no block table to schedule. Encoder-only layers beside KV-cache layers (ColQwen3.5) are "
+          "not modeled yet"),
     _spec("RSWASpec", "R-SWA: prefill kept, a window of generated tokens", "rswa", "rswa-flashinfer-b128-k64",
           "yes", True),
     _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", "hidden_state",
@@ -119,7 +122,9 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("model_executor/layers/attention/cross_attention.py", "CrossAttention", "CrossAttentionSpec", "cross",
            "enc-dec-cross-b16", "yes", False, "no request schedules: sized by encoder inputs; " + _NOT_YET),
     _layer("model_executor/layers/attention/encoder_only_attention.py", "EncoderOnlyAttention", "None (no KV cache)",
-           why="a layer without a KV cache: " + _NOT_YET),
+           "encoder_only", "bert-encoder-only-b16", "yes", False,
+           "an attention-free model: no group, no tensor, one block of nothing; FlashInfer and the MLA backends "
+           "refuse the attention type (bert-encoder-only-flashinfer-refused)"),
     _layer("model_executor/layers/attention/static_sink_attention.py", "StaticSinkAttention", "SinkFullAttentionSpec",
            "sink_full", "sink-fa-b16", "yes", True),
     _layer("model_executor/layers/attention/rswa_attention.py", "RSWAAttention", "RSWASpec", "rswa",

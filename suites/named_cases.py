@@ -343,6 +343,23 @@ def _build() -> dict[str, CaseConfig]:
             note="DeepSeek-like MLA + Eagle draft at TP 4 / DCP 2: the same pages; a block spans 128 tokens.",
         ),
         CaseConfig(
+            "bert-encoder-only-b16",
+            tuple(LayerConfig(f"model.encoder.layer.{i}.attention.self.attn", kind="encoder_only", backend="FLASH_ATTN",
+                              num_kv_heads=12, head_size=64) for i in range(2)),
+            block_size=16,
+            num_blocks=8,
+            note="A BERT-like pooling model: EncoderOnlyAttention layers keep no KV cache (no group, no tensor); their "
+            "metadata builders are MRv1's appended EncoderOnlyAttentionSpec group and MRv2's EncoderOnlyModelState.",
+        ),
+        CaseConfig(
+            "bert-encoder-only-flashinfer-refused",
+            tuple(LayerConfig(f"model.encoder.layer.{i}.attention.self.attn", kind="encoder_only", backend="FLASHINFER",
+                              num_kv_heads=12, head_size=64) for i in range(2)),
+            block_size=16,
+            num_blocks=8,
+            note="FlashInfer does not support encoder-only attention (supports_attn_type): the platform never selects it.",
+        ),
+        CaseConfig(
             "qwen4-qsa-caches-b64",
             attention_with_qsa_caches(2, "FLASH_ATTN"),
             block_size=64,

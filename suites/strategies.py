@@ -45,6 +45,7 @@ FAMILIES = (
     "hidden_state",
     "kpool_tail",
     "qsa",
+    "encoder_only",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
@@ -54,8 +55,8 @@ then makes the group plain full attention) and Prefix-LM attention
 layers each with its indexer K cache (``DeepseekV32IndexerCache``), and a target (dense, or with
 sliding windows) beside extract_hidden_states' ``CacheOnlyAttentionLayer``, and GLM-5-next's MLA layers each
 with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``), and Qwen4-exp's QSA layers
-(attention with its compressed keys, ``QSACompressedKeyCache``, and its compressor ring, ``QSAKeyStateCache``). A
-seeded profile's configs
+(attention with its compressed keys, ``QSACompressedKeyCache``, and its compressor ring, ``QSAKeyStateCache``), and
+BERT-like encoder-only models (``EncoderOnlyAttention``: no KV cache). A seeded profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -215,6 +216,10 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
                             backend=LAYER_OWN_BACKENDS["qsa_key_state"][0], head_size=index_head, index_kpool=ratio),
             )
         ]
+    elif family == "encoder_only":
+        # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).
+        layers = [attention(f"model.encoder.layer.{i}.attention.self.attn", "encoder_only", cache_dtype="auto")
+                  for i in range(n)]
     elif family == "hidden_state":
         if pick((False, True)):
             layers += [

@@ -374,24 +374,31 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             # builder's get_kv_cache_groups and _check_exact_partition.
             groups = planning.global_kv_cache_groups(vc, [specs])
         with _stage("placement"):
-            bytes_per_block = planning.pool_bytes_per_block(vc, groups)
-            if case.num_blocks is not None:
-                # get_kv_cache_configs: an override replaces the profiled memory.
-                available = case.num_blocks * bytes_per_block
+            if not specs:
+                # An attention-free model (every layer encoder-only: BERT-like pooling models): the
+                # engine core offers no memory (EngineCore._initialize_kv_caches: has_kv_cache False)
+                # and get_kv_cache_configs plans nothing.
+                (kv_cache_config,) = planning.kv_cache_configs(vc, [specs], [0], groups)
+                bytes_per_block = 0
             else:
-                available = case.kv_cache_memory_bytes
-            if admission:
-                # The engine core's full path: null-block reservation, the
-                # max-model-len admission check, num_gpu_blocks_override.
-                (kv_cache_config,) = planning.kv_cache_configs(vc, [specs], [available], groups)
-            else:
-                # get_kv_cache_configs reserves the null block and refuses when
-                # nothing is left; the max-model-len half of the check is skipped
-                # (the reference does not model admission).
-                planning.check_enough_kv_cache_memory(
-                    available - bytes_per_block, lambda: 0, vc.model_config.max_model_len, lambda _: 0
-                )
-                kv_cache_config = planning.kv_cache_config_from_groups(vc, groups, available)
+                bytes_per_block = planning.pool_bytes_per_block(vc, groups)
+                if case.num_blocks is not None:
+                    # get_kv_cache_configs: an override replaces the profiled memory.
+                    available = case.num_blocks * bytes_per_block
+                else:
+                    available = case.kv_cache_memory_bytes
+                if admission:
+                    # The engine core's full path: null-block reservation, the
+                    # max-model-len admission check, num_gpu_blocks_override.
+                    (kv_cache_config,) = planning.kv_cache_configs(vc, [specs], [available], groups)
+                else:
+                    # get_kv_cache_configs reserves the null block and refuses when
+                    # nothing is left; the max-model-len half of the check is skipped
+                    # (the reference does not model admission).
+                    planning.check_enough_kv_cache_memory(
+                        available - bytes_per_block, lambda: 0, vc.model_config.max_model_len, lambda _: 0
+                    )
+                    kv_cache_config = planning.kv_cache_config_from_groups(vc, groups, available)
         result.update(
             groups=tuple(
                 GroupObs(tuple(g.layer_names), g.kv_cache_spec.block_size, type(g.kv_cache_spec).__name__,

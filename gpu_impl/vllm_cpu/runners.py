@@ -190,7 +190,7 @@ def _build_layer(layer, cache_config, vc):
     heads = Q_HEADS_PER_KV_HEAD * layer.num_kv_heads
     fc = vc.compilation_config.static_forward_context
     layer_cache = dataclasses.replace(cache_config, cache_dtype=layer.cache_dtype)
-    if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm"):
+    if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm", "encoder_only"):
         from vllm.model_executor.layers.attention.attention import Attention
 
         common = dict(num_kv_heads=layer.num_kv_heads, cache_config=layer_cache, prefix=layer.name)
@@ -204,6 +204,10 @@ def _build_layer(layer, cache_config, vc):
                 from vllm.model_executor.layers.attention.cross_attention import CrossAttention
 
                 return CrossAttention(heads, layer.head_size, scale, **common)
+            if kind == "encoder_only":
+                from vllm.model_executor.layers.attention.encoder_only_attention import EncoderOnlyAttention
+
+                return EncoderOnlyAttention(heads, layer.head_size, scale, **common)
             if kind == "sink_full":
                 from vllm.model_executor.layers.attention.static_sink_attention import StaticSinkAttention
 
@@ -693,6 +697,9 @@ def attention_groups(runner: str, instance) -> tuple[list[Any], list[Any]]:
     if runner == "mrv1":
         drafter = getattr(instance, "drafter", None)
         return own, list(getattr(drafter, "draft_attn_groups", []) or [])
+    # An encoder-only model's layers get their metadata builders from its model state
+    # (EncoderOnlyModelState.encoder_attn_groups), not from a KV cache group.
+    own += list(getattr(getattr(instance, "model_state", None), "encoder_attn_groups", None) or [])
     speculator = getattr(instance, "speculator", None)
     return own, [g for groups in (getattr(speculator, "attn_groups", None) or []) for g in groups]
 

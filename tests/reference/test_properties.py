@@ -69,14 +69,16 @@ def test_k_and_v_are_disjoint_parts_of_their_page(case: CaseConfig) -> None:
 
 @given(cases())
 def test_every_token_slot_lands_in_its_logical_block(case: CaseConfig) -> None:
-    # slot = b*B + off in manager units; the kernel view indexes (slot // K, :, slot % K).
+    # slot = b*B + off in manager units; the kernel view indexes (slot // K, :, slot % K). A spec storing
+    # one state per tokens_per_state tokens (pooled keys) counts its slots in states.
     d = _derive_or_skip(case)
     for layer, view in d.registered.items():
         spec = d.specs[layer]
         if isinstance(spec, MambaSpec):
             continue
         gid = view.group_id
-        block_size, kbs = d.groups[gid].spec.block_size, d.kernel_block_sizes[gid]
+        per_state = getattr(spec, "tokens_per_state", 1) or 1
+        block_size, kbs = d.groups[gid].spec.block_size // per_state, d.kernel_block_sizes[gid] // per_state
         es = view.element_size
         for slot in {0, block_size - 1, d.num_blocks * block_size - 1}:
             kernel_block, offset = divmod(slot, kbs)

@@ -331,6 +331,21 @@ def _layer_spec_replaced(**changes: Any) -> Callable[[type], type]:
     return variant
 
 
+def _encoder_only_with_a_kv_cache(layer_cls: type) -> type:
+    """``EncoderOnlyAttention`` answering ``get_kv_cache_spec`` as its base ``Attention`` does (a full-attention
+    page per layer) instead of None."""
+
+    class Mutated(layer_cls):  # type: ignore[misc, valid-type]
+        def get_kv_cache_spec(self, vllm_config):
+            from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+            return FullAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=self.num_kv_heads,
+                                     head_size=self.head_size, dtype=self.kv_cache_torch_dtype)
+
+    Mutated.__name__ = layer_cls.__name__
+    return Mutated
+
+
 def _calculator_replaced(method: str, wrong: Callable[..., Any]) -> Callable[[type], type]:
     """A mixer module's ``MambaStateShapeCalculator`` / ``MambaStateDtypeCalculator`` whose
     ``method`` is ``wrong(original_method, *args, **kwargs)``: a state layer computing its own state
@@ -550,6 +565,14 @@ MUTATIONS = (
         frozenset({"groups", "tensor_placement", "kernel_block_size", "builder_kernel_block_size", "registered_shape",
                    "registered_offset"}),
     ),
+    Mutation(
+        # An encoder-only layer reporting the decoder's spec: the model would allocate a KV cache it never uses.
+        "encoder-only-allocates-kv", "bert-encoder-only-b16",
+        "vllm.model_executor.layers.attention.encoder_only_attention", "EncoderOnlyAttention",
+        _encoder_only_with_a_kv_cache, "groups",
+        # A group, a pool sized for it, its tensors and registered views where there should be none.
+        frozenset({"groups", "bytes_per_block", "kernel_block_size", "num_blocks", "registered_names", "tensor_placement"}),
+    ),
     # State layers built as vLLM's own mixer classes: each computes its state wrong once.
     Mutation(
         "mamba2-no-extra-groups-for-head-shards", "mamba2-mixer-tp2-one-group",
@@ -662,7 +685,7 @@ def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, mo
 def test_the_contract_catches_most_mutations() -> None:
     """The figure the README states: mutations caught by the contract alone."""
     caught = [m.id for m in MUTATIONS if m.contract]
-    assert len(caught) == 13 and len(MUTATIONS) == 36, (len(caught), len(MUTATIONS))
+    assert len(caught) == 13 and len(MUTATIONS) == 37, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
