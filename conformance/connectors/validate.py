@@ -445,15 +445,24 @@ def validate_registration(
         if configured is not None and case.connector != configured:
             case = case.with_(connector=configured)
         seen: list[Mapping[str, Any]] = []
+        skipped: set[str] = set()
         for runner in runners:
             try:
                 d = derive(case, runner)
-            except StartupError as exc:
-                report.results.append(CaseResult(case.name, runner, "skipped", f"vLLM refuses this configuration: {exc}"[:160]))
-                break
-            except NotModeledError as exc:
-                report.results.append(CaseResult(case.name, runner, "skipped", f"not modeled: {exc}"[:160]))
-                break
+            except (StartupError, NotModeledError) as exc:
+                why = (f"vLLM refuses this configuration: {exc}" if isinstance(exc, StartupError)
+                       else f"not modeled: {exc}")[:160]
+                # One row for what every runner refuses alike; a runner-specific refusal (MRv1 refuses PCP,
+                # which MRv2 runs) leaves the other runner checked.
+                if why not in skipped:
+                    skipped.add(why)
+                    report.results.append(CaseResult(case.name, runner, "skipped", why))
+                continue
+            if not d.registered:
+                # An attention-free model (every layer encoder-only): no KV cache for a connector to move.
+                report.results.append(CaseResult(case.name, runner, "skipped",
+                                                 "nothing to move: the model keeps no KV cache (every layer encoder-only)"))
+                continue
             if tensors == "reference":
                 if d.registered in seen:
                     continue

@@ -69,6 +69,9 @@ class NixlAdapter(TransferWorkerAdapter):
             # NIXL's 3-read Mamba conv transfer needs the DS conv-state layout, a process-wide switch a
             # deployment sets before the model is built: the layers are built (planned) under it too.
             stack.enter_context(shims.conv_state_layout("DS"))
+            # Under PCP the worker reads its rank in the PCP group (base_worker: pcp_rank).
+            stack.enter_context(shims.prefill_context_parallel_group(
+                getattr(self.ctx.case, "prefill_context_parallel_size", 1)))
             plan = plan_case(self.ctx.case, self.ctx.runner, stack)
             vc, kcc = plan.vllm_config, plan.kv_cache_config
             use_transfer_config(stack, vc, kv_connector="NixlConnector", kv_role="kv_both", kv_buffer_device="cuda")
