@@ -55,6 +55,9 @@ PROVENANCE: dict[str, str] = {
         "moonshotai/Kimi-K3's config.json, transcribed from a published dump (7006 bytes, the official "
         "file's size)"),
     "minimax-m3": "MiniMaxAI/MiniMax-M3's config.json, two independent copies agreeing",
+    "qwen3.6-35b-a3b": (
+        "Qwen/Qwen3.6-35B-A3B's config.json, from a repository vendoring Hub configs; the nearest public config "
+        "to Qwen4-exp (whose own is not public): the same Gated DeltaNet + full attention 3:1 layer style"),
     "eagle3-deepseek-v3": (
         "the Eagle3 draft config SpecForge trains for DeepSeek-V3 (sgl-project/SpecForge "
         "configs/deepseek-v3-671b-eagle3.json), not a particular Hub repository's"),
@@ -83,8 +86,10 @@ _DECODER_ONLY = {
     "gemma4_text",
     "gpt_oss",
 }
-_SUPPORTED = _DECODER_ONLY | {"deepseek_v3", "deepseek_v32", "qwen3_next", "nemotron_h", "whisper", "kimi_linear",
-                              "minimax_m3_vl"}
+_GDN_HYBRIDS = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
+"""Qwen's Gated DeltaNet hybrids: Qwen3-Next and Qwen3.5/3.6 (``QwenGatedDeltaNetAttention`` + full attention)."""
+_SUPPORTED = _DECODER_ONLY | _GDN_HYBRIDS | {"deepseek_v3", "deepseek_v32", "nemotron_h", "whisper", "kimi_linear",
+                                            "minimax_m3_vl"}
 _DEEPSEEK_MLA = {"deepseek_v3", "deepseek_v32"}
 _MLA_MODELS = _DEEPSEEK_MLA | {"kimi_linear"}
 
@@ -179,6 +184,13 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
         notes.append(
             "Gated DeltaNet layers as QwenGatedDeltaNetAttention mixers on GDN_ATTN, conv state in the default "
             "'SD' layout, mamba_cache_dtype/mamba_ssm_cache_dtype 'auto' (model dtype), no speculative slots"
+        )
+    if model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
+        notes.append(
+            "only the text decoder (text_config), named language_model.model.layers.{i}.(linear_attn|self_attn.attn); "
+            "Gated DeltaNet layers as QwenGatedDeltaNetAttention mixers on GDN_ATTN (conv state in the default 'SD' "
+            "layout, no speculative slots), the SSM state in the config's mamba_ssm_dtype "
+            "(Qwen3_5ForConditionalGenerationConfig.verify_and_update_config); the MTP layer is not modeled as a draft"
         )
     if model_type == "nemotron_h":
         notes.append(
@@ -287,7 +299,7 @@ def layer_types(text: Mapping[str, Any], model_type: str | None = None) -> list[
         window = _sliding_window(text, model_type)
         start = text.get("max_window_layers", n)
         return ["sliding_attention" if window is not None and i >= start else "full_attention" for i in range(n)]
-    if model_type == "qwen3_next":
+    if model_type in _GDN_HYBRIDS:
         interval = text.get("full_attention_interval", 4)
         return ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
     return None
@@ -383,8 +395,9 @@ def _draft_backend(backend: str) -> str:
 def _state_mixer(text: Mapping[str, Any], model_type: str) -> StateMixer:
     """The family's state layer as vLLM's own mixer class builds it from this config (its state is
     the class's, predicted by ``reference.state_mixers``)."""
-    if model_type == "qwen3_next":
-        # Qwen3NextGatedDeltaNet -> QwenGatedDeltaNetAttention (model_executor/models/qwen3_next.py)
+    if model_type in _GDN_HYBRIDS:
+        # Qwen3NextGatedDeltaNet / Qwen3_5DecoderLayer -> QwenGatedDeltaNetAttention (model_executor/models/
+        # qwen3_next.py, qwen3_5.py)
         return StateMixer("gated_delta_net", num_heads=text["linear_num_value_heads"],
                           head_dim=text["linear_value_head_dim"], num_k_heads=text["linear_num_key_heads"],
                           head_k_dim=text["linear_key_head_dim"], conv_kernel=text["linear_conv_kernel_dim"])
@@ -410,6 +423,9 @@ def _mamba_ssm_cache_dtype(model: "ZooModel") -> str:
     ``update_mamba_ssm_cache_dtype`` makes 'auto' float32 (its config's ``mamba_ssm_cache_dtype``)."""
     if model.model_type == "nemotron_h":
         return model.text_config.get("mamba_ssm_cache_dtype", "float32")
+    if model.model_type in ("qwen3_5_text", "qwen3_5_moe_text"):
+        # Qwen3_5ForConditionalGenerationConfig.verify_and_update_config: 'auto' -> the config's mamba_ssm_dtype.
+        return model.text_config.get("mamba_ssm_dtype") or "auto"
     return "auto"
 
 
@@ -514,13 +530,14 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
             if i in sparse:
                 layers.append(LayerConfig(f"{name}.index_cache", kind="minimax_indexer",
                                           backend=LAYER_OWN_BACKENDS["minimax_indexer"][0], head_size=index_dim))
-    elif mt == "qwen3_next":
+    elif mt in _GDN_HYBRIDS:
         attn = _attention_backend(backend, mla=False)
+        prefix = "language_model.model" if "text_config" in model.config else "model"
         for i, t in enumerate(layer_types(text, mt)):
             if t == "full_attention":
-                layers.append(attention(f"model.layers.{i}.self_attn.attn", attn))
+                layers.append(attention(f"{prefix}.layers.{i}.self_attn.attn", attn))
             else:
-                layers.append(_mamba_layer(f"model.layers.{i}.linear_attn", text, mt))
+                layers.append(_mamba_layer(f"{prefix}.layers.{i}.linear_attn", text, mt))
     elif mt == "nemotron_h":
         attn = _attention_backend(backend, mla=False)
         for i, t in enumerate(text["hybrid_override_pattern"]):

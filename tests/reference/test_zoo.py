@@ -309,6 +309,17 @@ def test_minimax_m3_keeps_an_index_cache_beside_each_sparse_layer() -> None:
     assert d.kernel_block_sizes and set(d.kernel_block_sizes) == {128}
 
 
+def test_qwen36_is_a_gdn_hybrid_with_a_float32_ssm_state() -> None:
+    case = _case("qwen3.6-35b-a3b", "FLASH_ATTN", 16)
+    assert _kinds(case) == {"mamba": 30, "full": 10}
+    assert [l.kind for l in case.layers[:4]] == ["mamba", "mamba", "mamba", "full"]
+    assert _geometry(case, "full") == {(2, 256)}
+    gdn = _layer(case, "language_model.model.layers.0.linear_attn")
+    assert (gdn.mixer.kind, gdn.mixer.num_heads, gdn.mixer.num_k_heads) == ("gated_delta_net", 32, 16)
+    assert case.mamba_ssm_cache_dtype == "float32"  # the config's mamba_ssm_dtype
+    assert hybrid_block_size(ZOO["qwen3.6-35b-a3b"], "FLASH_ATTN", 16) % 16 == 0
+
+
 def test_gemma4_31b_has_ten_512_wide_global_layers() -> None:
     case = _case("gemma4-31b-it", "FLASHINFER", 128, layout="LBNHC")
     assert _geometry(case, "sliding_window") == {(16, 256)} and _geometry(case, "full") == {(4, 512)}

@@ -149,6 +149,8 @@ def test_zoo_model_conforms(name, backend, block_size, layout, capability, cache
 @pytest.mark.parametrize(("name", "backend", "block_size", "expected"), [
     ("qwen3-next-80b-a3b", "FLASH_ATTN", 16, 544),  # 16 * ceil(1097728 / (16 * 2048))
     ("nemotron-h-8b", "FLASHINFER", 128, 1152),  # 128 * ceil(4255744 / (128 * 4096))
+    ("qwen3.6-35b-a3b", "FLASH_ATTN", 16, 1056),  # its float32 SSM state: 16 * ceil(page / (16 * 2048))
+    ("kimi-k3", "FLASH_ATTN", 16, 5760),  # an MLA hybrid: the KDA state in 128-token multiples of 1152 B/token
 ])
 def test_zoo_hybrid_block_size_is_what_vllm_negotiates(name: str, backend: str, block_size: int, expected: int) -> None:
     """The reference's hybrid_block_size is the block size vLLM's own update_block_size_for_backend leaves,
@@ -160,7 +162,9 @@ def test_zoo_hybrid_block_size_is_what_vllm_negotiates(name: str, backend: str, 
     assert hybrid_block_size(model, backend, block_size) == expected
     observation = observe(case, "mrv1")
     assert observation.error is None and observation.unsupported is None, (observation.error, observation.unsupported)
-    assert observation.cache_block_size == expected
+    # The attention groups' block is the negotiated one (the state groups keep mamba_block_size, here
+    # max_model_len: Kimi K3's 5760 is above it, so its cache block size is the state's).
+    assert {g.block_size for g in observation.groups if g.spec_type != "MambaSpec"} == {expected}, observation.groups
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
@@ -188,7 +192,7 @@ def test_zoo_reads_configs_like_transformers(name) -> None:
     window = getattr(parsed, "sliding_window", None)
     if types is None or all(t == "sliding_attention" for t in types):
         vllm_windows = [window] * n
-    elif model.model_type == "qwen3_next":
+    elif model.model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         vllm_windows = [None] * n
         assert [t for t in types] == [
             "full_attention" if l.kind == "full" else "linear_attention"
@@ -196,7 +200,7 @@ def test_zoo_reads_configs_like_transformers(name) -> None:
         ]
     else:
         vllm_windows = [window if t == "sliding_attention" else None for t in types]
-    if model.model_type == "qwen3_next":
+    if model.model_type in ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"):
         return
     assert sliding_windows(model.text_config, model.model_type) == vllm_windows
 
@@ -261,6 +265,7 @@ def test_whisper_groups_self_and_cross_attention(backend, block_size, layout) ->
     [
         ("qwen3-next-80b-a3b", "vllm.model_executor.models.qwen3_next", "Qwen3NextForCausalLM"),
         ("nemotron-h-8b", "vllm.model_executor.models.nemotron_h", "NemotronHForCausalLM"),
+        ("qwen3.6-35b-a3b", "vllm.model_executor.models.qwen3_5", "Qwen3_5MoeForConditionalGeneration"),
     ],
 )
 def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name, tp) -> None:
@@ -279,6 +284,8 @@ def test_zoo_state_shapes_are_the_model_classes(name, module, cls_name, tp) -> N
         from vllm.model_executor.models.config import NemotronHForCausalLMConfig
 
         NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cache, hf_config=hf)
+    if name == "qwen3.6-35b-a3b":  # Qwen3_5ForConditionalGenerationConfig: 'auto' -> the config's mamba_ssm_dtype
+        cache.mamba_ssm_cache_dtype = hf.mamba_ssm_dtype
     vllm_config = SimpleNamespace(
         parallel_config=SimpleNamespace(tensor_parallel_size=tp),
         speculative_config=None,
