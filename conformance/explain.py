@@ -51,6 +51,11 @@ def explain(d: Derivation, block_id: int = 1, max_blocks_shown: int = 4) -> str:
             )
             lines.append(f"    logical -> kernel block ids: {shown}" + (", ..." if d.num_blocks > max_blocks_shown else ""))
     lines.append("")
+    if not d.registered:
+        # An attention-free model (every layer encoder-only): nothing is registered.
+        lines.append(f"  no KV cache: {len(d.layer_backends)} layer(s) keep none (encoder-only); their metadata "
+                     f"builders use block size {d.cache_block_size}")
+        return "\n".join(lines)
     rows = [["layer", "backend", "group", "shape", "stride (elements)", "dtype", "byte offset"]]
     for name, view in d.registered.items():
         rows.append(

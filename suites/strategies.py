@@ -278,8 +278,9 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     )
 
 
-def cases(*, max_layers: int = 4, max_blocks: int = 4) -> Any:
-    """A hypothesis strategy of valid ``CaseConfig`` objects mixing the main model families."""
+def cases(*, max_layers: int = 4, max_blocks: int = 4, families: Sequence[str] = FAMILIES) -> Any:
+    """A hypothesis strategy of valid ``CaseConfig`` objects mixing the main model families
+    (``families``: the ones to draw from, every one by default)."""
     from hypothesis import strategies as st
 
     @st.composite
@@ -289,6 +290,7 @@ def cases(*, max_layers: int = 4, max_blocks: int = 4) -> Any:
             lambda lo, hi: draw(st.integers(lo, hi)),
             max_layers=max_layers,
             max_blocks=max_blocks,
+            families=families,
         )
 
     return build()

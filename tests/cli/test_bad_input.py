@@ -123,7 +123,7 @@ FIELD_ROWS = [
      "kind 'circular_buffer' needs index_kpool >= 2"),
     ("ring-kpool-one", _case(layer={"kind": "circular_buffer", "backend": "KPOOL_TAIL", "index_kpool": 1}),
      "needs index_kpool >= 2 (Glm5NextTailCache asserts index_kpool > 1), got 1"),
-    ("kpool-on-full", _case(layer={"index_kpool": 4}), "index_kpool 4 is only for kinds 'circular_buffer' and 'mla_indexer'"),
+    ("kpool-on-full", _case(layer={"index_kpool": 4}), "index_kpool 4 is only for kinds 'circular_buffer', 'mla_indexer', 'qsa_compressed_key', 'qsa_key_state', not 'full'"),
     ("ring-on-another-backend", _case(layer={"kind": "circular_buffer", "index_kpool": 4}),
      "kind 'circular_buffer' runs on KPOOL_TAIL"),
     ("ring-fp8", _case(layer={"kind": "circular_buffer", "backend": "KPOOL_TAIL", "index_kpool": 4, "cache_dtype": "fp8"}),

@@ -340,3 +340,29 @@ def test_a_case_given_inline_as_json_runs_like_its_file(tmp_path: Path) -> None:
     from_file = kvconform("run", "--reference-only", "--case", str(tmp_path / "case.json"))
     assert inline.returncode == from_file.returncode == 0, inline.stderr[-800:]
     assert "flashinfer-b16" in inline.stdout and inline.stdout == from_file.stdout
+
+
+def test_every_named_case_is_explained_in_text_and_html() -> None:
+    """``kvconform explain`` over every named case each runner starts: text and HTML render (an
+    attention-free model, whose every layer is encoder-only, registers nothing and says so)."""
+    from conformance.explain import explain
+    from conformance.explain_html import explain_html
+    from reference.derive import derive
+    from reference.errors import NotModeledError, StartupError
+    from suites.named_cases import CASES
+
+    explained = 0
+    for case in CASES.values():
+        if case.generation != 2:
+            continue
+        for runner in ("mrv1", "mrv2"):
+            try:
+                d = derive(case, runner)
+            except (StartupError, NotModeledError):
+                continue
+            text = explain(d)
+            assert text.startswith(f"case {case.name}"), case.name
+            assert "<svg" in explain_html(d) or not d.registered, case.name
+            explained += 1
+    assert explained >= 100
+    assert "no KV cache: 2 layer(s) keep none" in explain(derive(CASES["bert-encoder-only-b16"]))

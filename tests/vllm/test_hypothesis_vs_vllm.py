@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, find, given, settings
 
 from conformance.diff import compare
-from conformance.pytest_plugin import format_failure, run_settings
+from conformance.assertions import check_conforms
+from conformance.pytest_plugin import run_settings
 from gpu_impl.vllm_cpu.planning import observe
 from reference.config import CaseConfig
 from reference.derive import derive
@@ -31,11 +32,14 @@ def test_generated_config_conforms(pytestconfig: pytest.Config, case: CaseConfig
     s = run_settings(pytestconfig)
     runners = ("mrv1", "mrv2") if any(layer.is_draft for layer in case.layers) else ("mrv1",)
     for runner in runners:
-        result = compare(case, runner, observe(case, runner))
+        observation = observe(case, runner)
+        result = compare(case, runner, observation)
         # A skip would end the whole hypothesis run: reject the example instead.
         assume(result.status not in ("not_modeled", "unsupported"))
         if result.status != "pass":
-            raise AssertionError(format_failure(result, seed=s.seed, profile=s.profile))
+            # Judged as kvconform run judges: a divergence a shipped expectation acknowledges (a known
+            # upstream bug or finding, e.g. MRv2's speculator draft kernel block) does not fail.
+            check_conforms(case, observation, seed=s.seed, profile=s.profile)
 
 
 def _diverges(case: CaseConfig) -> bool:
@@ -54,7 +58,9 @@ def test_shrinking_finds_the_minimal_config(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setattr(worker_utils, "select_common_block_size", no_kernel_split)
     minimal = find(
-        cases(),
+        # The attention families a kernel split concerns (each family added to the sampler lengthens
+        # the search before the first failure; the shrink then starts elsewhere).
+        cases(families=("dense", "swa_hybrid", "mla_draft", "gqa_draft", "chunked_local_hybrid", "sink")),
         _diverges,
         settings=settings(
             max_examples=2000,
