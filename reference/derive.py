@@ -513,7 +513,7 @@ def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> 
     """What refuses a layer while it is built: the impl's constructor (B12X's
     ``--block-size``), and the platform's selection of a backend that does not support
     the layer's attention type (``AttentionBackend.supports_attn_type``, checked by
-    ``validate_configuration``; only cross-attention layers are restricted) or PCP
+    ``validate_configuration``: cross-attention and encoder-only layers are restricted) or PCP
     (``supports_pcp``: only MLA impls)."""
     info = bk.get_backend(backend)
     if info.runs_on is not None and case.capability[0] not in info.runs_on[0]:
