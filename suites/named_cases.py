@@ -6,6 +6,8 @@ Names are stable: they appear in reports and replay commands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from reference.config import (LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
                               uniform_layers)
 from reference.errors import ConfigError
@@ -59,16 +61,21 @@ def mla_with_kpool_tails(n: int, mla_backend: str, index_kpool: int = 4, *,
     )
 
 
-def attention_with_qsa_caches(n: int, backend: str, *, compress_ratio: int = 4, index_head_size: int = 128
+def attention_with_qsa_caches(n: int, backend: str = "FLASH_ATTN", *, compress_ratio: int = 4,
+                              index_head_size: int = 128, attention: Callable[[str], LayerConfig] | None = None
                               ) -> tuple[LayerConfig, ...]:
     """Qwen4-exp's QSA layers as far as they are modeled: per layer a GQA attention cache (built as vLLM's
     Attention: Qwen4ExpQSAAttention's own impl is not driven) and its two side caches, the compressed keys
-    (``QSACompressedKeyCache``) and the compressor's ring of raw keys (``QSAKeyStateCache``)."""
+    (``QSACompressedKeyCache``) and the compressor's ring of raw keys (``QSAKeyStateCache``). ``attention``
+    builds the attention layer by name (default: ``backend``, 2 KV heads of 128)."""
+    if attention is None:
+        def attention(name: str) -> LayerConfig:
+            return LayerConfig(name, backend=backend, num_kv_heads=2, head_size=128)
     return tuple(
         layer
         for i in range(n)
         for layer in (
-            LayerConfig(f"model.layers.{i}.self_attn.attn", backend=backend, num_kv_heads=2, head_size=128),
+            attention(f"model.layers.{i}.self_attn.attn"),
             LayerConfig(f"model.layers.{i}.self_attn.qsa.compressed_key_cache", kind="qsa_compressed_key",
                         backend=LAYER_OWN_BACKENDS["qsa_compressed_key"][0], head_size=index_head_size,
                         index_kpool=compress_ratio),
@@ -118,6 +125,12 @@ def _kimi_k3_like_mla_hybrid() -> tuple[LayerConfig, ...]:
                   for i in range(2))
             + tuple(LayerConfig(f"model.layers.{i}.self_attn", kind="mamba", backend="KIMI_K3_KDA",
                                 mixer=StateMixer("kimi_k3_kda", num_heads=4, head_dim=32)) for i in range(2, 4)))
+
+
+def _bert_like(backend: str, n: int = 2) -> tuple[LayerConfig, ...]:
+    """A BERT-like pooling model's layers: EncoderOnlyAttention, 12 heads of 64, no KV cache."""
+    return tuple(LayerConfig(f"model.encoder.layer.{i}.attention.self.attn", kind="encoder_only", backend=backend,
+                             num_kv_heads=12, head_size=64) for i in range(n))
 
 
 def _tiny(n: int, *, num_kv_heads: int = 2, **layer: object) -> tuple[LayerConfig, ...]:
@@ -344,8 +357,7 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "bert-encoder-only-b16",
-            tuple(LayerConfig(f"model.encoder.layer.{i}.attention.self.attn", kind="encoder_only", backend="FLASH_ATTN",
-                              num_kv_heads=12, head_size=64) for i in range(2)),
+            _bert_like("FLASH_ATTN"),
             block_size=16,
             num_blocks=8,
             note="A BERT-like pooling model: EncoderOnlyAttention layers keep no KV cache (no group, no tensor); their "
@@ -353,8 +365,7 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "bert-encoder-only-flashinfer-refused",
-            tuple(LayerConfig(f"model.encoder.layer.{i}.attention.self.attn", kind="encoder_only", backend="FLASHINFER",
-                              num_kv_heads=12, head_size=64) for i in range(2)),
+            _bert_like("FLASHINFER"),
             block_size=16,
             num_blocks=8,
             note="FlashInfer does not support encoder-only attention (supports_attn_type): the platform never selects it.",

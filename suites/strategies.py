@@ -204,18 +204,10 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         layers = list(mla_with_kpool_tails(n, pick(MLA_BACKENDS), pick((4, 8, 48))))
     elif family == "qsa":
         # Compress ratios 4, 8 and 16 divide every drawn block size (272 = 16 x 17).
+        from suites.named_cases import attention_with_qsa_caches
+
         ratio, index_head = pick((4, 8, 16)), pick((64, 128))
-        layers = [
-            layer
-            for i in range(n)
-            for layer in (
-                attention(f"model.layers.{i}.self_attn.attn"),
-                LayerConfig(f"model.layers.{i}.self_attn.qsa.compressed_key_cache", kind="qsa_compressed_key",
-                            backend=LAYER_OWN_BACKENDS["qsa_compressed_key"][0], head_size=index_head, index_kpool=ratio),
-                LayerConfig(f"model.layers.{i}.self_attn.qsa.key_state_cache", kind="qsa_key_state",
-                            backend=LAYER_OWN_BACKENDS["qsa_key_state"][0], head_size=index_head, index_kpool=ratio),
-            )
-        ]
+        layers = list(attention_with_qsa_caches(n, compress_ratio=ratio, index_head_size=index_head, attention=attention))
     elif family == "encoder_only":
         # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).
         layers = [attention(f"model.encoder.layer.{i}.attention.self.attn", "encoder_only", cache_dtype="auto")

@@ -343,13 +343,12 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
     from gpu_impl.vllm_cpu import planning_api as planning
 
     from gpu_impl.vllm_cpu import runners
-    from gpu_impl.vllm_cpu.runners import mixer_environment
 
     with vllm_config_for(case) as vc:
         with _stage("config"):
             # What refuses PCP before any layer is built: the runner's own validation.
             runners.check_prefill_context_parallel(case, runner, vc)
-        with _stage("specs"), mixer_environment(case):
+        with _stage("specs"), runners.mixer_environment(case):
             layers = _build_layers(case, runner, vc)
             _negotiate_block_size(case, vc)
             instance, why_not = _runner_or_reason(case, runner, vc)
