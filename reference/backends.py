@@ -406,6 +406,41 @@ BACKENDS: dict[str, BackendInfo] = {
             layouts=(KVCacheLayout.BLNHC, BLHNC),
             kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3"),
         ),
+        # DeepSeek V4's FlashMLA path (models/deepseek_v4/): the compressed attention cache's backend, the SWA
+        # cache's (DeepseekSparseSWAFlashMLABackend, named as the default it subclasses), the C4 indexer's and the
+        # compressors'. Each is named by its layer (no selection): the head sizes are what they declare.
+        BackendInfo(
+            "FLASHMLA_SPARSE_DSV4",
+            "models/deepseek_v4/sparse_mla.py",
+            (256,),
+            head_sizes=HeadSizes(values=(512,)),
+            kv_cache_dtypes=("auto", "fp8_ds_mla", "fp8"),
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+        ),
+        BackendInfo(
+            "DEEPSEEK_SPARSE_SWA",
+            "v1/attention/backends/mla/sparse_swa.py",
+            (MultipleOf(32),),
+            head_sizes=HeadSizes(values=(512,)),
+            packing=Packing.MLA_LATENT,
+        ),
+        BackendInfo(
+            "DEEPSEEK_V4_INDEXER",
+            "v1/attention/backends/mla/indexer.py",
+            (256,),
+            layouts=(BLHNC, KVCacheLayout.BLNHC),
+            head_sizes=HeadSizes(values=(32, 64, 128)),
+            packing=Packing.MLA_LATENT,
+            pcp_without_mla=True,
+        ),
+        BackendInfo(
+            "CompressorBackend",
+            "models/deepseek_v4/compressor.py",
+            (MultipleOf(1),),
+            head_sizes=HeadSizes(values=(512, 1024)),
+            packing=Packing.MLA_LATENT,
+        ),
         BackendInfo(
             "CACHE_ONLY_ATTN",
             "model_executor/models/extract_hidden_states.py",

@@ -33,6 +33,10 @@ LAYER_KINDS = (
     "qsa_compressed_key",
     "qsa_key_state",
     "encoder_only",
+    "dsv4_attention",
+    "dsv4_swa",
+    "dsv4_indexer",
+    "dsv4_compressor_state",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
@@ -57,6 +61,24 @@ to whole groups)."""
 QSA_KINDS = ("qsa_compressed_key", "qsa_key_state")
 """Qwen4-exp's QSA side caches (``models/qwen4_exp/common/qsa_cache.py``)."""
 
+DSV4_KINDS = ("dsv4_attention", "dsv4_swa", "dsv4_indexer", "dsv4_compressor_state")
+"""DeepSeek V4's caches, up to five per decoder layer (``models/deepseek_v4/``), in the fp8_ds_mla format its
+FlashMLA path serves (UE8M0 block-scaled fp8 packed as uint8):
+``dsv4_attention`` is ``DeepseekV4Attention``'s compressed cache (an ``MLAAttentionSpec`` of one 584-byte record
+per ``index_kpool`` tokens, the layer's compress ratio 4 or 128, page aligned to 576 bytes, ``--block-size`` tokens);
+``dsv4_swa`` its ``DeepseekV4SWACache`` (a ``SlidingWindowMLASpec`` of ``sliding_window`` tokens, 584-byte records,
+64-token blocks of its own); ``dsv4_indexer`` the C4 layers' ``DeepseekV4IndexerCache`` (``head_size`` bytes of uint8
+per 4 tokens, fp8 keys and fp32 scales, aligned to 576); ``dsv4_compressor_state`` a ``DeepseekCompressor``'s
+``CompressorStateCache`` (fp32 states of ``head_size`` floats, a ``SlidingWindowMLASpec`` of its own block: 4 tokens
+for ratio 4, 8 for ratio 128, a window of 8 or 128). Each is built as vLLM's own class on its own backend."""
+
+DSV4_CACHE_DTYPE = "fp8_ds_mla"
+"""The one cache dtype DeepSeek V4's kinds take: FlashMLA's layout (``_resolve_dsv4_kv_cache_dtype`` turns
+``auto`` and ``fp8`` into it; the plain bf16 rows of the FlashInfer path are not modeled)."""
+
+DSV4_COMPRESS_RATIOS = (4, 128)
+"""``CompressorStateCache`` asserts ``compress_ratio in [4, 128]``; a C4 layer also has the indexer."""
+
 MINIMAX_INDEXER_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 """``MiniMaxM3IndexerCache``'s ``indexer_kv_dtype`` as cases set it: ``auto`` is its bf16 cache, an fp8
 cache dtype its ``fp8`` (``torch.float8_e4m3fn``); it raises for any other."""
@@ -68,6 +90,10 @@ LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
     "minimax_indexer": ("MINIMAX_M3_SPARSE_INDEXER", "MiniMaxM3IndexerCache"),
     "qsa_compressed_key": ("QWEN4_EXP_EXP_QSA_STATE", "QSACompressedKeyCache"),
     "qsa_key_state": ("QWEN4_EXP_EXP_QSA_STATE", "QSAKeyStateCache"),
+    "dsv4_attention": ("FLASHMLA_SPARSE_DSV4", "DeepseekV4Attention"),
+    "dsv4_swa": ("DEEPSEEK_SPARSE_SWA", "DeepseekV4SWACache"),
+    "dsv4_indexer": ("DEEPSEEK_V4_INDEXER", "DeepseekV4IndexerCache"),
+    "dsv4_compressor_state": ("CompressorBackend", "CompressorStateCache"),
 }
 """Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
 selector validation): kind -> (backend, layer class)."""
@@ -281,9 +307,12 @@ class LayerConfig:
         if self.kind == "circular_buffer" and (self.index_kpool or 0) < 2:
             raise ConfigError(f"layer {self.name!r}: kind 'circular_buffer' needs index_kpool >= 2 "
                               f"(Glm5NextTailCache asserts index_kpool > 1), got {self.index_kpool!r}")
-        if self.index_kpool is not None and self.kind not in ("circular_buffer", "mla_indexer", *QSA_KINDS):
-            raise ConfigError(f"layer {self.name!r}: index_kpool {self.index_kpool!r} is only for kinds 'circular_buffer', "
-                              f"'mla_indexer', {', '.join(repr(k) for k in QSA_KINDS)}, not {self.kind!r}")
+        ratio_kinds = ("circular_buffer", "mla_indexer", *QSA_KINDS, "dsv4_attention", "dsv4_indexer", "dsv4_compressor_state")
+        if self.index_kpool is not None and self.kind not in ratio_kinds:
+            raise ConfigError(f"layer {self.name!r}: index_kpool {self.index_kpool!r} is only for kinds "
+                              f"{', '.join(repr(k) for k in ratio_kinds)}, not {self.kind!r}")
+        if self.kind in DSV4_KINDS:
+            self._check_dsv4()
         if self.kind in QSA_KINDS and self.index_kpool is None:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs index_kpool (the QSA compress_ratio, >= 1)")
         if self.kind in QSA_KINDS and self.cache_dtype != "auto":
@@ -322,6 +351,25 @@ class LayerConfig:
                                   f"({layer_class} names it), not {self.backend!r}")
         elif self.kind == "mamba" and not self.mamba_shapes:
             raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes or a mixer")
+
+
+    def _check_dsv4(self) -> None:
+        """What DeepSeek V4's cache classes assert or accept (``models/deepseek_v4/``)."""
+        owner = f"layer {self.name!r}: kind {self.kind!r}"
+        if self.cache_dtype != DSV4_CACHE_DTYPE:
+            raise ConfigError(f"{owner} is modeled in the {DSV4_CACHE_DTYPE} format only (FlashMLA's); "
+                              f"cache_dtype {self.cache_dtype!r} must be {DSV4_CACHE_DTYPE!r}")
+        if self.num_kv_heads != 1:
+            raise ConfigError(f"{owner} stores one latent vector per state; num_kv_heads {self.num_kv_heads!r} must be 1")
+        if self.kind == "dsv4_swa" and not self.sliding_window:
+            raise ConfigError(f"{owner} needs sliding_window > 0 (the model's window)")
+        if self.kind != "dsv4_swa" and self.sliding_window is not None:
+            raise ConfigError(f"{owner} takes no sliding_window (its window, if any, follows from index_kpool)")
+        if self.kind == "dsv4_indexer" and self.index_kpool != 4:
+            raise ConfigError(f"{owner} belongs to the C4 layers only; index_kpool {self.index_kpool!r} must be 4")
+        if self.kind in ("dsv4_attention", "dsv4_compressor_state") and self.index_kpool not in DSV4_COMPRESS_RATIOS:
+            raise ConfigError(f"{owner} needs index_kpool, the compress ratio, one of "
+                              f"{', '.join(map(str, DSV4_COMPRESS_RATIOS))}; got {self.index_kpool!r}")
 
 
 @dataclass(frozen=True)

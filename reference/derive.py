@@ -14,7 +14,7 @@ from functools import cached_property
 
 from reference import backends as bk
 from reference.backends import Packing
-from reference.config import QSA_KINDS, CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
+from reference.config import DSV4_KINDS, QSA_KINDS, CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
 from reference.dtypes import dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import prefill_context_parallel_refusal, scheduler_block_sizes
@@ -45,6 +45,10 @@ _KIND = {
     "minimax_indexer": SpecKind.MLA,
     "qsa_compressed_key": SpecKind.MLA,
     "qsa_key_state": SpecKind.CIRCULAR_BUFFER,
+    "dsv4_attention": SpecKind.MLA,
+    "dsv4_swa": SpecKind.SLIDING_WINDOW_MLA,
+    "dsv4_indexer": SpecKind.MLA,
+    "dsv4_compressor_state": SpecKind.SLIDING_WINDOW_MLA,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -301,6 +305,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         return _kpool_tail_spec(case, layer)
     if layer.kind in QSA_KINDS:
         return _qsa_spec(case, layer)
+    if layer.kind in DSV4_KINDS:
+        return _deepseek_v4_spec(case, layer)
     if layer.kind == "hidden_state":
         # CacheOnlyAttentionLayer.get_kv_cache_spec: num_heads x head_size in the model dtype
         # (kv_cache_dtype_str_to_dtype of auto/bf16/fp16), no V, no cache_dtype_str.
@@ -471,6 +477,53 @@ def _qsa_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
                            where=where + ".get_kv_cache_spec")
     return AttentionSpec(kind=SpecKind.CIRCULAR_BUFFER, block_size=ring, num_kv_heads=1, head_size=layer.head_size,
                          head_size_v=0, dtype="bfloat16", is_draft=layer.is_draft)
+
+
+DSV4_RECORD_BYTES = 584
+"""DeepSeek V4's fp8_ds_mla record: 448 bytes of fp8 NoPE, 128 of bf16 RoPE, 8 of UE8M0 scales; its ``head_size``
+stays the semantic 512 (``DeepseekV4Attention.get_kv_cache_spec``)."""
+DSV4_FP8_DS_MLA_ALIGNMENT = 576
+"""Bytes every DeepSeek V4 page is rounded up to in the fp8_ds_mla format (``_apply_alignment_padding``)."""
+DSV4_SWA_BLOCK_SIZE = 64
+"""``DeepseekV4SWACache(block_size=64)``: the default the attention layer leaves; independent of --block-size."""
+DSV4_COMPRESSOR_BLOCK_SIZE = {4: 4, 128: 8}
+"""``CompressorStateCache``'s own block size per compress ratio: pages that fit the attention block they share."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _deepseek_v4_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
+    """DeepSeek V4's caches in the fp8_ds_mla format, one latent head each, one TP shard (``max_tp_shards=1``),
+    every page rounded up to 576 bytes (``alignment``, applied in ``__post_init__``):
+
+    - ``DeepseekV4Attention``: an ``MLAAttentionSpec`` of one 584-byte record per ``compress_ratio`` tokens, uint8,
+      ``--block-size`` tokens;
+    - ``DeepseekV4SWACache``: a ``SlidingWindowMLASpec`` of 584-byte records, 64-token blocks;
+    - ``DeepseekV4IndexerCache``: an ``MLAAttentionSpec`` of ``head_size`` uint8 bytes per 4 tokens, no
+      cache_dtype_str (in the sparse role, not V3.2's indexer role);
+    - ``CompressorStateCache``: a ``SlidingWindowMLASpec`` of fp32 states (``head_size`` floats), 4-token blocks
+      and a window of 8 for ratio 4 (overlapping), 8-token blocks and a window of 128 for ratio 128."""
+    common = dict(num_kv_heads=1, head_size=layer.head_size, head_size_v=0, max_tp_shards=1, is_draft=layer.is_draft)
+    if layer.kind == "dsv4_attention":
+        spec = AttentionSpec(kind=SpecKind.MLA, block_size=case.block_size, dtype="uint8", cache_dtype=layer.cache_dtype,
+                             cache_dtype_str=layer.cache_dtype, kv_quant_mode=quant_mode(layer.cache_dtype),
+                             tokens_per_state=layer.index_kpool or 1, state_content_bytes=DSV4_RECORD_BYTES, **common)
+    elif layer.kind == "dsv4_swa":
+        spec = AttentionSpec(kind=SpecKind.SLIDING_WINDOW_MLA, block_size=DSV4_SWA_BLOCK_SIZE, dtype="uint8",
+                             cache_dtype=layer.cache_dtype, cache_dtype_str=layer.cache_dtype,
+                             kv_quant_mode=quant_mode(layer.cache_dtype), sliding_window=layer.sliding_window,
+                             state_content_bytes=DSV4_RECORD_BYTES, **common)
+    elif layer.kind == "dsv4_indexer":
+        spec = AttentionSpec(kind=SpecKind.MLA, block_size=case.block_size, dtype="uint8",
+                             tokens_per_state=layer.index_kpool or 1, **common)
+    else:
+        ratio = layer.index_kpool or 4
+        spec = AttentionSpec(kind=SpecKind.SLIDING_WINDOW_MLA, block_size=DSV4_COMPRESSOR_BLOCK_SIZE[ratio],
+                             dtype="float32", sliding_window=(1 + (ratio == 4)) * ratio, **common)
+    padded = _round_up(spec.real_page_size_bytes, DSV4_FP8_DS_MLA_ALIGNMENT)
+    return spec if padded == spec.real_page_size_bytes else replace(spec, page_size_padded=padded)
 
 
 def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> LayerSpec:
@@ -717,7 +770,7 @@ def _check_prefill_context_parallel(case: CaseConfig, runner: str) -> None:
         raise StartupError(refusal[0], where=refusal[1])
 
 
-_LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer", "minimax_indexer", *QSA_KINDS)
+_LAYERS_WITHOUT_IMPL = ("mamba", "mla_indexer", "circular_buffer", "minimax_indexer", *QSA_KINDS, *DSV4_KINDS)
 """Layer kinds with no attention ``impl`` (state-space mixers, DeepSeek V3.2's indexer cache, GLM-5-next's
 tail ring: caches written by other modules' kernels), which ``check_attention_cp_compatibility`` skips."""
 

@@ -6,9 +6,9 @@ Names are stable: they appear in reports and replay commands.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from reference.config import (LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
+from reference.config import (DSV4_CACHE_DTYPE, LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
                               uniform_layers)
 from reference.errors import ConfigError
 from reference.layout import LAYOUT_NAMES as _LAYOUTS
@@ -84,6 +84,32 @@ def attention_with_qsa_caches(n: int, backend: str = "FLASH_ATTN", *, compress_r
                         index_kpool=compress_ratio),
         )
     )
+
+
+def deepseek_v4_caches(compress_ratios: Sequence[int], *, sliding_window: int = 128, head_dim: int = 512,
+                       index_head_dim: int = 128, prefix: str = "model.layers") -> tuple[LayerConfig, ...]:
+    """DeepSeek V4's caches, one decoder layer per compress ratio (0: sliding window only, 4: CSA, 128: HCA), named
+    and ordered as ``DeepseekV4Attention.__init__`` registers them: the C4 indexer's key cache and its compressor's
+    state, the SWA cache, the compressed attention cache, the attention compressor's state (also the zoo's and the
+    sampler's ``dsv4`` family). A compressor keeps ``2 * coff * head_dim`` fp32 floats per state (kv and score;
+    ``coff`` 2 for the overlapping ratio 4)."""
+    def cache(name: str, kind: str, head_size: int, **extra: int) -> LayerConfig:
+        return LayerConfig(name, kind=kind, backend=LAYER_OWN_BACKENDS[kind][0], num_kv_heads=1, head_size=head_size,
+                           cache_dtype=DSV4_CACHE_DTYPE, **extra)
+
+    layers: list[LayerConfig] = []
+    for i, ratio in enumerate(compress_ratios):
+        attn = f"{prefix}.{i}.self_attn"
+        coff = 1 + (ratio == 4)
+        if ratio == 4:
+            layers += [cache(f"{attn}.indexer.k_cache", "dsv4_indexer", indexer_k_cache_bytes(index_head_dim), index_kpool=4),
+                       cache(f"{attn}.indexer.compressor.state_cache", "dsv4_compressor_state", 2 * coff * index_head_dim,
+                             index_kpool=4)]
+        layers.append(cache(f"{attn}.swa_cache", "dsv4_swa", head_dim, sliding_window=sliding_window))
+        if ratio:
+            layers += [cache(attn, "dsv4_attention", head_dim, index_kpool=ratio),
+                       cache(f"{attn}.compressor.state_cache", "dsv4_compressor_state", 2 * coff * head_dim, index_kpool=ratio)]
+    return tuple(layers)
 
 
 def attention_with_minimax_indexers(n: int, backend: str, *, index_cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
@@ -378,6 +404,15 @@ def _build() -> dict[str, CaseConfig]:
             layout="BLHNC",
             note="Qwen4-exp's QSA layers: GQA attention with a compressed key per 4 tokens (an MLAAttentionSpec, "
             "tokens_per_state 4) and a 4-token ring of raw keys per request (a CircularBufferSpec), bf16 keys of 128.",
+        ),
+        CaseConfig(
+            "dsv4-caches-b256",
+            deepseek_v4_caches((0, 4, 128)),
+            block_size=256,
+            num_blocks=8,
+            note="DeepSeek V4's caches, one decoder layer each of sliding window only, CSA (compress ratio 4, with the "
+            "indexer) and HCA (128), fp8_ds_mla: nine caches of five block sizes (64-token SWA, 256-token compressed "
+            "attention and indexer, 4- and 8-token fp32 compressor states) packed side by side in one BLHNC block.",
         ),
         CaseConfig(
             "qwen4-qsa-ratio-refused-b16",

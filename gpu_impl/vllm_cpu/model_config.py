@@ -7,6 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from reference.config import DSV4_KINDS
+
 _NO_DEFAULT = object()
 
 
@@ -25,6 +27,19 @@ def _model_config_defaults() -> dict[str, Any]:
 
 
 _MODEL_CONFIG_DEFAULTS: dict[str, Any] | None = None
+
+
+def _deepseek_v4_text_config(case) -> SimpleNamespace:
+    """What DeepSeek V4's metadata builders read off the model's config (``DeepseekSparseSWAMetadataBuilder``:
+    the window and, through ``get_compress_ratios``, each decoder layer's compress ratio), from the case's caches:
+    a decoder layer is the ``...layers.{i}.self_attn`` prefix of its SWA cache, its ratio that of its compressed
+    attention cache (0: a sliding-window-only layer). The geometry is DeepSeek V4's (head 512, RoPE 64)."""
+    windows = {l.sliding_window for l in case.layers if l.kind == "dsv4_swa"}
+    ratios = {l.name: l.index_kpool for l in case.layers if l.kind == "dsv4_attention"}
+    compress_ratios = [ratios.get(l.name.removesuffix(".swa_cache"), 0) for l in case.layers if l.kind == "dsv4_swa"]
+    return SimpleNamespace(model_type="deepseek_v4", sliding_window=max(windows, default=128),
+                           compress_ratios=compress_ratios, num_nextn_predict_layers=0, head_dim=512,
+                           qk_rope_head_dim=64, index_head_dim=128, index_topk=512, vision_n_layers=0)
 
 
 class ModelConfigStandIn:
@@ -83,6 +98,9 @@ class ModelConfigStandIn:
             # sparse_attention_config: queries only (the cache keeps one key vector per token), so any
             # count the TP size divides; the case does not carry one.
             self.hf_config.sparse_attention_config = {"sparse_num_index_heads": 4 * max(case.tensor_parallel_size, 1)}
+        if any(l.kind in DSV4_KINDS for l in case.layers):
+            self.use_mla = True  # DeepSeek V4 is an MLA model (its caches hold latent records)
+            self.hf_config = self.hf_text_config = _deepseek_v4_text_config(case)
         self.architectures: list[str] = []  # no model class (0.22's init_model_state looks for Whisper)
         # The state layer whose page is largest: what a hybrid model class reports for its
         # mixers (one shape for every Mamba layer of a real model).

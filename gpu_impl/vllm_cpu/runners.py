@@ -21,6 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 from gpu_impl.vllm_cpu import shims
+from reference.config import DSV4_KINDS
 
 MAX_NUM_REQS = 4
 """The runners' ``max_num_reqs`` (``--max-num-seqs``): sizes block tables and builder scratch."""
@@ -283,6 +284,8 @@ def _build_layer(layer, cache_config, vc):
         # the index head size, its compress_ratio; a text model keeps no MRoPE positions beside the raw keys.
         return cls(head_size=layer.head_size, dtype=torch.bfloat16, cache_config=layer_cache, prefix=layer.name,
                    vllm_config=vc, compress_ratio=layer.index_kpool)
+    if kind in DSV4_KINDS:
+        return _deepseek_v4_cache(layer, layer_cache, vc, fc)
     if kind == "hidden_state":
         CacheOnlyAttentionLayer = _own_layer_class(
             layer, "vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionLayer")
@@ -295,6 +298,47 @@ def _build_layer(layer, cache_config, vc):
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
+
+
+def _deepseek_v4_cache(layer, cache_config, vc, fc):
+    """One of DeepSeek V4's caches, as ``DeepseekV4FlashMLAAttention`` (models/deepseek_v4/nvidia/flashmla.py, the
+    CUDA FlashMLA path) builds it: its SWA cache on the class's ``swa_backend_cls``, the C4 indexer's key cache and
+    each ``DeepseekCompressor``'s fp32 state cache, with the geometry their builders pass. The attention layer itself
+    (kind ``dsv4_attention``) needs the whole checkpoint config and CUDA events to construct, so its own
+    ``get_kv_cache_spec`` and ``get_attn_backend`` run on an instance carrying only what they read: the compress
+    ratio, head size and the cache dtype vLLM's ``_resolve_dsv4_kv_cache_dtype`` resolves for the class."""
+    import torch
+
+    kind = layer.kind
+    if kind == "dsv4_indexer":
+        cls = _own_layer_class(layer, "vllm.models.deepseek_v4.attention", "DeepseekV4IndexerCache")
+        # DeepseekV4Indexer: uint8 keys of k_cache_head_dim bytes (fp8 keys + fp32 scales), its compress ratio.
+        return cls(head_dim=layer.head_size, dtype=torch.uint8, prefix=layer.name, cache_config=cache_config,
+                   compress_ratio=layer.index_kpool)
+    if kind == "dsv4_compressor_state":
+        cls = _own_layer_class(layer, "vllm.models.deepseek_v4.compressor", "CompressorStateCache")
+        # DeepseekCompressor: state_dim = 2 * coff * head_dim (kv and score states), float32.
+        return cls(state_dim=layer.head_size, dtype=torch.float32, compress_ratio=layer.index_kpool, prefix=layer.name)
+    attention_cls = _own_layer_class(layer, "vllm.models.deepseek_v4.nvidia.flashmla", "DeepseekV4FlashMLAAttention")
+    resolve = _own_layer_class(layer, "vllm.models.deepseek_v4.attention", "_resolve_dsv4_kv_cache_dtype")
+    cache_dtype, torch_dtype = resolve(attention_cls.use_fp8_ds_mla_layout, cache_config.cache_dtype, cache_config)
+    if kind == "dsv4_swa":
+        cls = _own_layer_class(layer, "vllm.v1.attention.backends.mla.sparse_swa", "DeepseekV4SWACache")
+        return cls(head_dim=layer.head_size, window_size=layer.sliding_window, dtype=torch_dtype, prefix=layer.name,
+                   cache_config=cache_config, backend_cls=attention_cls.swa_backend_cls)
+    # kind == "dsv4_attention": the instance DeepseekV4Attention.__init__ would leave, as far as its
+    # get_kv_cache_spec / get_attn_backend read it.
+    layer_obj = attention_cls.__new__(attention_cls)
+    torch.nn.Module.__init__(layer_obj)
+    layer_obj.prefix = layer.name
+    layer_obj.compress_ratio = layer.index_kpool
+    layer_obj.head_dim = layer.head_size
+    layer_obj.kv_cache_dtype, layer_obj.kv_cache_torch_dtype = cache_dtype, torch_dtype
+    layer_obj.kv_cache = torch.tensor([])
+    if layer.name in fc:
+        raise ValueError(f"Duplicate layer name: {layer.name}")
+    fc[layer.name] = layer_obj
+    return layer_obj
 
 
 def _state_space_layer(layer, fc):

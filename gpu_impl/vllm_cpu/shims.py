@@ -691,6 +691,11 @@ LAYER_OWNED_BACKENDS = {
     "QWEN4_EXP_EXP_QSA_STATE": ("vllm.models.qwen4_exp.common.qsa_cache", "QSAStateBackend"),
     "CACHE_ONLY_ATTN": ("vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionBackend"),
     "KIMI_K3_KDA": ("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),
+    # DeepSeek V4's FlashMLA path: DeepseekV4FlashMLAAttention.swa_backend_cls (named DEEPSEEK_SPARSE_SWA,
+    # like the default it subclasses), the C4 indexer's and the compressors' backends.
+    "DEEPSEEK_SPARSE_SWA": ("vllm.models.deepseek_v4.nvidia.flashmla", "DeepseekSparseSWAFlashMLABackend"),
+    "DEEPSEEK_V4_INDEXER": ("vllm.v1.attention.backends.mla.indexer", "DeepseekV4IndexerBackend"),
+    "CompressorBackend": ("vllm.models.deepseek_v4.compressor", "CompressorBackend"),
 }
 """Backends no ``AttentionBackendEnum`` member names: the layer returns its class itself
 (``DeepseekV32IndexerCache.get_attn_backend``)."""
