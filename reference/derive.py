@@ -743,6 +743,15 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
     """DCP refusals vLLM makes outside the layout code this reference follows."""
     if case.decode_context_parallel_size == 1:
         return
+    compressed = next((layer for layer in case.layers if layer.kind == "dsv4_indexer"), None)
+    if compressed is not None:
+        # The indexer's metadata builder: each compressed state must live on one DCP rank, so the interleave
+        # (--cp-kv-cache-interleave-size, 1 in every case) must cover whole states, and never for DeepSeek V4.
+        raise StartupError(
+            f"DCP with sparse indexer KV compression (compress_ratio={compressed.index_kpool}) requires "
+            "--cp-kv-cache-interleave-size to be a multiple of it; DeepSeek-V4 is not supported.",
+            where="vllm.v1.attention.backends.mla.indexer.DeepseekV32IndexerMetadataBuilder.__init__",
+        )
     if any(layer.kind in ("sliding_window", "sliding_window_mla") for layer in case.layers):
         raise NotModeledError(
             "sliding-window layers under DCP: vLLM refuses them at admission "

@@ -415,6 +415,58 @@ def _build() -> dict[str, CaseConfig]:
             "attention and indexer, 4- and 8-token fp32 compressor states) packed side by side in one BLHNC block.",
         ),
         CaseConfig(
+            "dsv4-flash-pattern-b256",
+            deepseek_v4_caches((0, 0, 4, 128, 4, 128)),
+            block_size=256,
+            num_blocks=8,
+            note="DeepSeek-V4-Flash's layer pattern (two sliding-window layers, then CSA and HCA alternating): the "
+            "packing splits the balanced buckets into groups of whole pattern repeats (_approximate_gcd).",
+        ),
+        CaseConfig(
+            "dsv4-b512-refused",
+            deepseek_v4_caches((0, 4, 128)),
+            block_size=512,
+            num_blocks=8,
+            note="DeepSeek V4 at --block-size 512: the indexer and FlashMLA need 256-token kernel blocks, which a "
+            "packed (block-outermost) 512-token block cannot be split into; vLLM refuses.",
+        ),
+        CaseConfig(
+            "dsv4-b128-refused",
+            deepseek_v4_caches((0, 4, 128)),
+            block_size=128,
+            num_blocks=8,
+            note="DeepSeek V4 at --block-size 128: no kernel block size divides it for the 256-token indexer.",
+        ),
+        CaseConfig(
+            "dsv4-lbhnc-refused",
+            deepseek_v4_caches((0, 4, 128)),
+            block_size=256,
+            num_blocks=8,
+            layout="LBHNC",
+            note="DeepSeek V4 under VLLM_KV_CACHE_LAYOUT=LBHNC: its caches' pages differ, and the indexer takes only "
+            "block-outermost layouts; vLLM refuses the layout.",
+        ),
+        CaseConfig(
+            "dsv4-dcp2-refused",
+            deepseek_v4_caches((0, 4, 128)),
+            block_size=256,
+            num_blocks=8,
+            tensor_parallel_size=2,
+            decode_context_parallel_size=2,
+            note="DeepSeek V4 under DCP 2: the C4 indexer's metadata builder refuses (each compressed state must live "
+            "on one rank; DeepSeek V4 is not supported).",
+        ),
+        CaseConfig(
+            "dsv4-hma-off",
+            deepseek_v4_caches((0, 4, 128)),
+            block_size=256,
+            num_blocks=8,
+            disable_hybrid_kv_cache_manager=True,
+            note="DeepSeek V4 with the hybrid KV cache manager off: vLLM's promotion of the sliding-window MLA caches "
+            "to full attention passes bounded_replay to MLAAttentionSpec and raises TypeError "
+            "(docs/findings/swa-mla-promotion-bounded-replay.md; expectation swa-mla-promotion-passes-bounded-replay).",
+        ),
+        CaseConfig(
             "qwen4-qsa-ratio-refused-b16",
             attention_with_qsa_caches(1, "FLASH_ATTN", compress_ratio=32),
             block_size=16,

@@ -63,6 +63,20 @@ def _stage(name: str) -> Iterator[None]:
         yield
     except VLLM_ERRORS as exc:
         raise _Failed(name, exc) from exc
+    except (TypeError, AttributeError) as exc:
+        # Raised by vLLM's own code (its innermost frame is in vllm/): vLLM's behaviour on this
+        # configuration (e.g. a spec promotion passing a field its target class lacks), observed
+        # as the stage's error. Raised by the harness: a harness bug, not hidden.
+        if not _raised_in_vllm(exc):
+            raise
+        raise _Failed(name, exc) from exc
+
+
+def _raised_in_vllm(exc: BaseException) -> bool:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and "/vllm/" in frames[-1].filename.replace("\\", "/") and "/gpu_impl/" not in frames[-1].filename
 
 
 # --- the process-wide VllmConfig ---------------------------------------------------------
