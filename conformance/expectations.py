@@ -7,6 +7,7 @@
     kind = "mrv1_mrv2_mismatch"                   # one of conformance.diff.KINDS
     case = "gqa+draft-attention-backend-*"        # optional glob on the case name ("*")
     field = "*"                                   # optional glob on Divergence.field ("*"), or a list of globs
+    observed = "*"                                # optional glob on what vLLM showed (str(Divergence.observed), "*")
     backend = "FLASHINFER"                        # optional: a backend one of the case's layers runs
     layout = "LBNHC"                              # optional: the case's requested or resolved layout
     runner = "mrv1/mrv2"                          # optional: mrv1, mrv2 or mrv1/mrv2 (runner pairs)
@@ -60,7 +61,7 @@ SCHEMA = 1
 RUNNERS = ("mrv1", "mrv2", RUNNER_PAIR)
 _TOP_KEYS = ("schema", "expectation")
 _REQUIRED = ("id", "kind", "reason")
-_OPTIONAL = ("case", "field", "backend", "layout", "runner", "options", "without", "vllm")
+_OPTIONAL = ("case", "field", "observed", "backend", "layout", "runner", "options", "without", "vllm")
 OPTION_NAMES = (
     "attention_backend",
     "speculative_attention_backend",
@@ -194,6 +195,9 @@ class Expectation:
     case: str = "*"
     field: str | tuple[str, ...] = "*"
     """A glob on ``Divergence.field``, or several (any may match)."""
+    observed: str = "*"
+    """A glob on what vLLM showed (``str(Divergence.observed)``): narrows an entry to one observed value, e.g.
+    one exception of vLLM's (``"ZeroDivisionError*"``) rather than any error."""
     backend: str | None = None
     layout: str | None = None
     runner: str | None = None
@@ -225,6 +229,8 @@ class Expectation:
         globs = (self.field,) if isinstance(self.field, str) else self.field
         if not any(fnmatchcase(divergence.field, glob) for glob in globs):
             return False
+        if self.observed != "*" and not fnmatchcase(str(divergence.observed), self.observed):
+            return False
         if self.runner is not None and divergence.runner != self.runner:
             return False
         if self.backend is not None and (facts is None or self.backend not in facts.backends):
@@ -244,7 +250,7 @@ class Expectation:
     def describe(self) -> str:
         """One line: the id and what it is scoped to."""
         scope = [f"kind={self.kind}", f"case={self.case}"]
-        for name in ("field", "backend", "layout", "runner", "options", "without", "vllm"):
+        for name in ("field", "observed", "backend", "layout", "runner", "options", "without", "vllm"):
             value = getattr(self, name)
             if isinstance(value, tuple):
                 value = ",".join(value) or None
@@ -290,6 +296,8 @@ def _entry(where: str, raw: Any, backends: Sequence[str]) -> Expectation:
             values["field"] = tuple(_string(where, "field", f) for f in fields)
         else:
             values["field"] = _string(where, "field", fields)
+    if "observed" in raw:
+        values["observed"] = _string(where, "observed", raw["observed"])
     if "backend" in raw:
         backend = _string(where, "backend", raw["backend"])
         if backends and backend not in backends:

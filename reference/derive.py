@@ -490,13 +490,9 @@ DSV4_COMPRESSOR_BLOCK_SIZE = {4: 4, 128: 8}
 """``CompressorStateCache``'s own block size per compress ratio: pages that fit the attention block they share."""
 
 
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
 def _deepseek_v4_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
     """DeepSeek V4's caches in the fp8_ds_mla format, one latent head each, one TP shard (``max_tp_shards=1``),
-    every page rounded up to 576 bytes (``alignment``, applied in ``__post_init__``):
+    every page rounded up to 576 bytes (``alignment``, applied by the spec itself, on every copy too):
 
     - ``DeepseekV4Attention``: an ``MLAAttentionSpec`` of one 584-byte record per ``compress_ratio`` tokens, uint8,
       ``--block-size`` tokens;
@@ -505,7 +501,8 @@ def _deepseek_v4_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
       cache_dtype_str (in the sparse role, not V3.2's indexer role);
     - ``CompressorStateCache``: a ``SlidingWindowMLASpec`` of fp32 states (``head_size`` floats), 4-token blocks
       and a window of 8 for ratio 4 (overlapping), 8-token blocks and a window of 128 for ratio 128."""
-    common = dict(num_kv_heads=1, head_size=layer.head_size, head_size_v=0, max_tp_shards=1, is_draft=layer.is_draft)
+    common = dict(num_kv_heads=1, head_size=layer.head_size, head_size_v=0, max_tp_shards=1, is_draft=layer.is_draft,
+                  alignment=DSV4_FP8_DS_MLA_ALIGNMENT)
     if layer.kind == "dsv4_attention":
         spec = AttentionSpec(kind=SpecKind.MLA, block_size=case.block_size, dtype="uint8", cache_dtype=layer.cache_dtype,
                              cache_dtype_str=layer.cache_dtype, kv_quant_mode=quant_mode(layer.cache_dtype),
@@ -522,8 +519,7 @@ def _deepseek_v4_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
         ratio = layer.index_kpool or 4
         spec = AttentionSpec(kind=SpecKind.SLIDING_WINDOW_MLA, block_size=DSV4_COMPRESSOR_BLOCK_SIZE[ratio],
                              dtype="float32", sliding_window=(1 + (ratio == 4)) * ratio, **common)
-    padded = _round_up(spec.real_page_size_bytes, DSV4_FP8_DS_MLA_ALIGNMENT)
-    return spec if padded == spec.real_page_size_bytes else replace(spec, page_size_padded=padded)
+    return spec
 
 
 def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) -> LayerSpec:

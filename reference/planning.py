@@ -439,18 +439,34 @@ def _layer_specs(group: KVCacheGroup) -> list[tuple[str, LayerSpec]]:
     return [(n, layer_spec_of(group.spec, n)) for n in group.layer_names]
 
 
+def _stride_alignment(name: str, spec: LayerSpec) -> int:
+    """``get_block_stride_alignment``: the page of one kernel block. A kernel block too short to hold one state
+    (a compressed cache of more tokens per state than the kernel block has) makes it 0 bytes, and vLLM's
+    ``round_up`` then divides by zero (ZeroDivisionError, a crash): a configuration vLLM cannot start with, refused
+    here with what is wrong."""
+    align = spec.get_block_stride_alignment()
+    if align == 0:
+        raise StartupError(
+            f"KV cache layer {name} stores one state per {spec.tokens_per_state} tokens, more than its "
+            f"{spec.block_size}-token block's kernel blocks hold: its block-stride alignment is a page of 0 bytes "
+            "(vLLM divides by it); use a --block-size that is a multiple of the compress ratio and of the kernel block.",
+            where=f"{_PLANNING}._get_kv_cache_bytes_per_block",
+        )
+    return align
+
+
 def bytes_per_block(groups: Sequence[KVCacheGroup], layout: KVCacheLayout) -> int:
     """``_get_kv_cache_bytes_per_block``: the pool stride of one block id."""
     if not layout.is_block_outermost:
         return max(
-            sum(_round_up(s.page_size_bytes, s.get_block_stride_alignment()) for _, s in _layer_specs(g))
+            sum(_round_up(s.page_size_bytes, _stride_alignment(n, s)) for n, s in _layer_specs(g))
             for g in groups
         )
     widest = max(sum(s.page_size_bytes for _, s in _layer_specs(g)) for g in groups)
     align = 1
     for g in groups:
-        for _, s in _layer_specs(g):
-            align = math.lcm(align, s.get_block_stride_alignment())
+        for n, s in _layer_specs(g):
+            align = math.lcm(align, _stride_alignment(n, s))
     return _round_up(widest, align)
 
 

@@ -108,6 +108,10 @@ class AttentionSpec:
     state_content_bytes: int | None = None
     tokens_per_state: int = 1
     block_stride_alignment: int | MultipleOf | None = None
+    alignment: int | None = None
+    """``MLAAttentionSpec`` / ``SlidingWindowMLASpec.alignment`` (DeepSeek V4's caches): the page is rounded up to a
+    multiple of it when built, and again on every copy (``_apply_alignment_padding`` in ``__post_init__``, which
+    keeps a copy's inherited ``page_size_padded`` when the new page is already a multiple)."""
     dcp_sharded: bool = True
     is_draft: bool = field(default=False, compare=False)
     """Draft (speculative) layer; like vLLM, never part of equality or grouping."""
@@ -119,6 +123,13 @@ class AttentionSpec:
             raise ConfigError(
                 f"block_stride_alignment {self.block_stride_alignment} must be positive"
             )
+        if self.alignment is not None:
+            if self.alignment <= 0:
+                raise ConfigError(f"alignment {self.alignment} must be positive")
+            real = self.real_page_size_bytes
+            padded = _cdiv(real, self.alignment) * self.alignment
+            if padded != real:
+                object.__setattr__(self, "page_size_padded", padded)
         if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
             raise ConfigError(
                 f"page_size_padded {self.page_size_padded} is smaller than the page "

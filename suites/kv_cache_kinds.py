@@ -61,10 +61,10 @@ def _layer(path: str, name: str, reports: str, kind: str | None = None, case: st
     return Coverage(path, name, "layer", reports, kind, case, driven, schedules, why)
 
 
-_DSV4 = ("a DeepSeek V4 cache: it builds on CPU on the meta device, but V4's caches pack up to five groups of their "
-         "own block sizes (4 to 256 tokens, fp32 compressor states, 576/512-byte aligned MLA records) side by side in "
-         "one BLHNC block (kv_cache_planning._get_packed_kv_cache_groups), which the reference does not model; "
-         + _NOT_YET)
+_DSV41 = ("a DeepSeek V4.1 cache: it builds on CPU on the meta device; V4.1 adds to V4's packing kv-source and "
+          "consumer layers (only sources own a compressed cache), MXFP8 records chosen by the environment "
+          "(_use_v41_mxfp8_kv_record) with block-stride alignments of whole records, 32-token bounded-replay SWA blocks "
+          "and a compressor ring sized by the drafts, which the reference does not model; " + _NOT_YET)
 _HISPARSE = ("HiSparse runs only on CUDA (VllmConfig refuses it elsewhere: 'HiSparse currently requires NVIDIA CUDA'), "
              "on MRv2 with the hybrid manager; v1/hisparse/layout.py derives these specs from the sparse-MLA and indexer "
              "specs and replaces the grouping with its own packing, which the reference does not model; " + _NOT_YET)
@@ -79,11 +79,13 @@ INVENTORY: tuple[Coverage, ...] = (
     _spec("FullAttentionSpec", "full attention (and promoted local layers, non_causal Prefix-LM)", "full",
           "dense-fa-b128-lbhnc", "yes", True),
     _spec("MLAAttentionSpec", "one latent vector per token", "mla", "mla-flashmla-b64", "yes", True,
-          "indexer, topk_buffer_width and DeepSeek V4's fields left at their defaults"),
+          "topk_buffer_width left at its default; DeepSeek V4's fields (alignment, state_content_bytes, "
+          "tokens_per_state) through kinds dsv4_attention and dsv4_indexer (dsv4-caches-b256)"),
     _spec("SlidingWindowSpec", "a sliding window's blocks", "sliding_window", "swa-hybrid-padded", "yes", True),
     _spec("SlidingWindowMLASpec", "MLA with a sliding window", "sliding_window_mla", "swa-mla-refused-b64", "yes",
-          False, "every dense MLA impl refuses a sliding window (the refusal is the verdict); DeepSeek V4's own "
-          "SWA cache is the user: " + _NOT_YET),
+          False, "every dense MLA impl refuses a sliding window (the refusal is the verdict); its users are DeepSeek "
+          "V4's SWA cache and compressor states (kinds dsv4_swa, dsv4_compressor_state: dsv4-caches-b256, with "
+          "schedules)"),
     _spec("ChunkedLocalAttentionSpec", "Llama-4 chunked local attention", "chunked_local", "chunked-local-hybrid-b64",
           "yes", True),
     _spec("SinkFullAttentionSpec", "full attention with static sink tokens", "sink_full", "sink-fa-b16", "yes", True),
@@ -148,14 +150,28 @@ INVENTORY: tuple[Coverage, ...] = (
            "built as a target layer (the extract_hidden_states proposer is not driven)"),
     _layer("model_executor/models/whisper_causal.py", "WhisperCausalAttentionWithBlockPooling",
            "FullAttentionSpec (tokens_per_state < 1)", why="fractional tokens per state: " + _NOT_YET),
-    _layer("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache", "SlidingWindowMLASpec", why=_DSV4),
+    _layer("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache", "SlidingWindowMLASpec", "dsv4_swa",
+           "dsv4-caches-b256", "yes", True,
+           "built as DeepseekV4FlashMLAAttention builds it: 584-byte fp8_ds_mla records in 64-token blocks of its own, "
+           "on the class's swa_backend_cls; V4.1's bounded-replay variant is not modeled"),
     # --- the model families of vllm/models -------------------------------------------------------
-    _layer("models/deepseek_v4/attention.py", "DeepseekV4Attention", "MLAAttentionSpec", why=_DSV4),
-    _layer("models/deepseek_v4/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV4),
-    _layer("models/deepseek_v4/compressor.py", "CompressorStateCache", "SlidingWindowMLASpec", why=_DSV4),
-    _layer("models/deepseek_v41/attention.py", "DeepseekV4Attention", "MLAAttentionSpec", why=_DSV4),
-    _layer("models/deepseek_v41/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV4),
-    _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", why=_DSV4),
+    _layer("models/deepseek_v4/attention.py", "DeepseekV4Attention", "MLAAttentionSpec (one record per compress ratio)",
+           "dsv4_attention", "dsv4-caches-b256", "stand-in", True,
+           "its own get_kv_cache_spec and get_attn_backend (DeepseekV4FlashMLAAttention, FLASHMLA_SPARSE_DSV4) on an "
+           "instance carrying only what they read (compress ratio, head size, the cache dtype vLLM's "
+           "_resolve_dsv4_kv_cache_dtype gives the class): constructing the layer needs the checkpoint's whole config "
+           "and CUDA events. fp8_ds_mla only (the FlashInfer path's plain bf16 rows are not modeled)"),
+    _layer("models/deepseek_v4/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec (4 tokens per state)",
+           "dsv4_indexer", "dsv4-caches-b256", "yes", True,
+           "the C4 layers' index keys on DEEPSEEK_V4_INDEXER (256-token kernel blocks, block-outermost layouts only); "
+           "its builder refuses DCP (dsv4-dcp2-refused)"),
+    _layer("models/deepseek_v4/compressor.py", "CompressorStateCache", "SlidingWindowMLASpec (fp32 states)",
+           "dsv4_compressor_state", "dsv4-caches-b256", "yes", True,
+           "4-token blocks and a window of 8 for ratio 4, 8-token blocks and a window of 128 for ratio 128, on "
+           "CompressorBackend"),
+    _layer("models/deepseek_v41/attention.py", "DeepseekV4Attention", "MLAAttentionSpec", why=_DSV41),
+    _layer("models/deepseek_v41/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV41),
+    _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", why=_DSV41),
     _layer("models/dots3_note/nvidia/model.py", "Dots3NotePaddedMLAAttention", "MLAAttentionSpec (via MLAAttention)", why=_FAMILY),
     _layer("models/glm5next/common/attention.py", "Glm5NextIndexerCache",
            "MLAAttentionSpec (via DeepseekV32IndexerCache, tokens_per_state = index_kpool)", "mla_indexer",

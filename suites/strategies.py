@@ -46,6 +46,7 @@ FAMILIES = (
     "kpool_tail",
     "qsa",
     "encoder_only",
+    "dsv4",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
@@ -56,7 +57,8 @@ layers each with its indexer K cache (``DeepseekV32IndexerCache``), and a target
 sliding windows) beside extract_hidden_states' ``CacheOnlyAttentionLayer``, and GLM-5-next's MLA layers each
 with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``), and Qwen4-exp's QSA layers
 (attention with its compressed keys, ``QSACompressedKeyCache``, and its compressor ring, ``QSAKeyStateCache``), and
-BERT-like encoder-only models (``EncoderOnlyAttention``: no KV cache). A seeded profile's configs
+BERT-like encoder-only models (``EncoderOnlyAttention``: no KV cache), and DeepSeek V4's caches (per decoder layer
+a sliding window only, CSA with its indexer or HCA: ``deepseek_v4_caches``). A seeded profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -208,6 +210,15 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
 
         ratio, index_head = pick((4, 8, 16)), pick((64, 128))
         layers = list(attention_with_qsa_caches(n, compress_ratio=ratio, index_head_size=index_head, attention=attention))
+    elif family == "dsv4":
+        # DeepSeek V4's caches in the fp8_ds_mla format (their own backends, whatever was drawn above), a layer
+        # pattern of sliding-window-only, CSA and HCA layers; half the draws at the one block size its packed
+        # 256-token kernel blocks take.
+        from suites.named_cases import deepseek_v4_caches
+
+        ratios = tuple(pick((4, 128, 0)) for _ in range(n))
+        layers = list(deepseek_v4_caches(ratios, sliding_window=pick((128, 64))))
+        block_size = pick((256, block_size))
     elif family == "encoder_only":
         # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).
         layers = [attention(f"model.encoder.layer.{i}.attention.self.attn", "encoder_only", cache_dtype="auto")

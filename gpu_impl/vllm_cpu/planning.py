@@ -63,7 +63,7 @@ def _stage(name: str) -> Iterator[None]:
         yield
     except VLLM_ERRORS as exc:
         raise _Failed(name, exc) from exc
-    except (TypeError, AttributeError) as exc:
+    except (TypeError, AttributeError, ArithmeticError) as exc:
         # Raised by vLLM's own code (its innermost frame is in vllm/): vLLM's behaviour on this
         # configuration (e.g. a spec promotion passing a field its target class lacks), observed
         # as the stage's error. Raised by the harness: a harness bug, not hidden.

@@ -566,6 +566,36 @@ MUTATIONS = (
                    "registered_offset"}),
     ),
     Mutation(
+        # DeepSeek V4's compressed record without its 8 bytes of UE8M0 scales (576 = 448 NoPE + 128 RoPE): the
+        # page keeps its 576-byte-aligned size, the records inside it are read 8 bytes apart.
+        "dsv4-record-without-scales", "dsv4-caches-b256", "vllm.models.deepseek_v4.nvidia.flashmla",
+        "DeepseekV4FlashMLAAttention", _layer_spec_replaced(state_content_bytes=lambda spec: 576), "registered_shape",
+        frozenset({"registered_shape"}),
+    ),
+    Mutation(
+        # DeepSeek V4's SWA cache in 128-token blocks instead of the 64 its attention layer asks for.
+        "dsv4-swa-block-doubled", "dsv4-caches-b256", "vllm.v1.attention.backends.mla.sparse_swa",
+        "DeepseekV4SWACache", _layer_spec_replaced(block_size=lambda spec: spec.block_size * 2), "groups",
+        # Twice the SWA page: the widest group grows, and with it the packed block, the pool and every view's stride;
+        # the group's kernel and builder blocks double.
+        frozenset({"groups", "builder_kernel_block_size", "bytes_per_block", "kernel_block_size", "registered_shape",
+                   "registered_storage", "registered_stride", "tensor_placement"}),
+    ),
+    Mutation(
+        # DeepSeek V4's index keys without their fp32 scales (128 bytes a state instead of 132).
+        "dsv4-indexer-without-scales", "dsv4-caches-b256", "vllm.models.deepseek_v4.attention",
+        "DeepseekV4IndexerCache", _layer_spec_replaced(head_size=lambda spec: spec.head_size - 4), "registered_shape",
+        frozenset({"registered_shape"}),
+    ),
+    Mutation(
+        # DeepSeek V4's compressor states kept in bf16 instead of the fp32 DeepseekCompressor asserts.
+        "dsv4-compressor-state-in-bf16", "dsv4-caches-b256", "vllm.models.deepseek_v4.compressor",
+        "CompressorStateCache", _layer_spec_replaced(dtype=lambda spec: __import__("torch").bfloat16), "registered_dtype",
+        # Half the state page inside the group's aligned page: the views change dtype and strides, the later
+        # states of the group move.
+        frozenset({"registered_dtype", "registered_offset", "registered_stride", "tensor_placement"}),
+    ),
+    Mutation(
         # An encoder-only layer reporting the decoder's spec: the model would allocate a KV cache it never uses.
         "encoder-only-allocates-kv", "bert-encoder-only-b16",
         "vllm.model_executor.layers.attention.encoder_only_attention", "EncoderOnlyAttention",
@@ -685,7 +715,7 @@ def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, mo
 def test_the_contract_catches_most_mutations() -> None:
     """The figure the README states: mutations caught by the contract alone."""
     caught = [m.id for m in MUTATIONS if m.contract]
-    assert len(caught) == 13 and len(MUTATIONS) == 37, (len(caught), len(MUTATIONS))
+    assert len(caught) == 13 and len(MUTATIONS) == 41, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
