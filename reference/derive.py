@@ -735,6 +735,32 @@ def _unaligned_mamba(spec) -> bool:
     return isinstance(first, MambaSpec) and first.mamba_cache_mode != "align"
 
 
+def _check_prefix_alignment(case: CaseConfig, d_plan: KVCachePlan, scheduler_block: int, hash_block: int) -> None:
+    """``resolve_kv_cache_block_sizes``' last check (vllm/v1/core/kv_cache_utils.py; read in 0.30.0 and 0.33.0): with
+    several groups and block hashing on, a prefix-cache hit lands on the hash block (when aligned Mamba states allow
+    hits inside a block: ``partial_hash_hits_enabled``) or on the scheduler block, and that boundary must cut no
+    compressed state of a prefix-cacheable spec (``tokens_per_state`` > 1: a pooled indexer, QSA's compressed keys,
+    DeepSeek V4's compressed caches)."""
+    if len(d_plan.groups) <= 1 or any(_unaligned_mamba(g.spec) for g in d_plan.groups):
+        return  # one group's hits land on its block; an unaligned Mamba group turns block hashing off
+    specs = [layer_spec_of(g.spec, n) for g in d_plan.groups for n in g.layer_names]
+    alignments = sorted({s.tokens_per_state for s in specs
+                         if s.prefix_cacheable and getattr(s, "tokens_per_state", 1) > 1})
+    dcp = case.decode_context_parallel_size
+    partial = any(
+        isinstance(s, MambaSpec) and s.mamba_cache_mode == "align"
+        and (s.block_size > hash_block if dcp == 1 else s.block_size >= hash_block)
+        for s in specs
+    )
+    boundary = hash_block if partial else scheduler_block
+    if any(boundary % a for a in alignments):
+        raise StartupError(
+            f"Invalid prefix_match_unit={hash_block}; prefix-cache boundaries must align with each spec's per-state "
+            f"compression. Got alignments={alignments}.",
+            where="vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes",
+        )
+
+
 def _check_parallel_modeled(case: CaseConfig) -> None:
     """DCP refusals vLLM makes outside the layout code this reference follows."""
     if case.decode_context_parallel_size == 1:
@@ -853,6 +879,21 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     # Grouping may rescale block sizes; the per-layer specs that matter from here on are
     # the grouped ones.
     kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
+    # The engine core resolves the scheduler and hash block sizes before any worker builds its runner's
+    # attention backends (EngineCore._initialize_kv_caches -> resolve_kv_cache_block_sizes).
+    cacheable = [first_layer_spec(g.spec).prefix_cacheable for g in kv_plan.groups]
+    cache_block_size = min(
+        [g.spec.block_size for g, c in zip(kv_plan.groups, cacheable) if c] or [g.spec.block_size for g in kv_plan.groups]
+    )
+    scheduler_block, hash_block = scheduler_block_sizes(
+        (
+            (g.spec.block_size, g.spec.dcp_sharded, c, _unaligned_mamba(g.spec))
+            for g, c in zip(kv_plan.groups, cacheable)
+        ),
+        cache_block_size=cache_block_size,
+        decode_context_parallel_size=case.decode_context_parallel_size,
+    )
+    _check_prefix_alignment(case, kv_plan, scheduler_block, hash_block)
     if runner == "mrv1":
         # MRv1 checks DCP support in initialize_attn_backend, before any builder exists.
         _check_context_parallel_backends(case, backends)
@@ -880,20 +921,9 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         _check_context_parallel_backends(case, backends)
     _check_kernel_views(kv_plan, backends, views, builder_sizes)
     # EngineCore._initialize_kv_caches: cache_config.block_size is the smallest block of the
-    # prefix-cacheable groups (a circular buffer's ring is not one), of every group if none is.
-    cacheable = [first_layer_spec(g.spec).prefix_cacheable for g in kv_plan.groups]
-    cache_block_size = min(
-        [g.spec.block_size for g, c in zip(kv_plan.groups, cacheable) if c] or [g.spec.block_size for g in kv_plan.groups]
-    )
+    # prefix-cacheable groups (a circular buffer's ring is not one), of every group if none is
+    # (cache_block_size, above).
     grouped_specs = {n: layer_spec_of(g.spec, n) for g in kv_plan.groups for n in g.layer_names}
-    scheduler_block, hash_block = scheduler_block_sizes(
-        (
-            (g.spec.block_size, g.spec.dcp_sharded, c, _unaligned_mamba(g.spec))
-            for g, c in zip(kv_plan.groups, cacheable)
-        ),
-        cache_block_size=cache_block_size,
-        decode_context_parallel_size=case.decode_context_parallel_size,
-    )
     return Derivation(
         case=given,
         runner=runner,

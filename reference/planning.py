@@ -161,6 +161,9 @@ def _unified_spec(name: str, spec: LayerSpec, largest: int) -> LayerSpec:
     page = spec.page_size_bytes
     if page == largest:
         return spec
+    if page == 0:
+        # vLLM takes the largest page modulo this one: ZeroDivisionError (the crash _stride_alignment names too).
+        raise _zero_page(name, spec, "unify_kv_cache_spec_page_size")
     if isinstance(spec, MambaSpec):
         return replace(spec, page_size_padded=largest)
     if largest % page == 0:
@@ -446,13 +449,19 @@ def _stride_alignment(name: str, spec: LayerSpec) -> int:
     here with what is wrong."""
     align = spec.get_block_stride_alignment()
     if align == 0:
-        raise StartupError(
-            f"KV cache layer {name} stores one state per {spec.tokens_per_state} tokens, more than its "
-            f"{spec.block_size}-token block's kernel blocks hold: its block-stride alignment is a page of 0 bytes "
-            "(vLLM divides by it); use a --block-size that is a multiple of the compress ratio and of the kernel block.",
-            where=f"{_PLANNING}._get_kv_cache_bytes_per_block",
-        )
+        raise _zero_page(name, spec, "_get_kv_cache_bytes_per_block", "its block-stride alignment")
     return align
+
+
+def _zero_page(name: str, spec: LayerSpec, function: str, what: str = "its page") -> StartupError:
+    """A compressed cache whose block (or kernel block) holds no whole state: a page of 0 bytes, which vLLM divides
+    by (ZeroDivisionError, a crash: expectation dsv4-zero-byte-stride-alignment); refused with what is wrong."""
+    return StartupError(
+        f"KV cache layer {name} stores one state per {spec.tokens_per_state} tokens, more than its "
+        f"{spec.block_size}-token block's kernel blocks hold: {what} is 0 bytes "
+        "(vLLM divides by it); use a --block-size that is a multiple of the compress ratio and of the kernel block.",
+        where=f"{_PLANNING}.{function}",
+    )
 
 
 def bytes_per_block(groups: Sequence[KVCacheGroup], layout: KVCacheLayout) -> int:
