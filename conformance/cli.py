@@ -353,7 +353,9 @@ def _run_cases(args: argparse.Namespace) -> list:
         fitting = []
         for backend in ("FLASH_ATTN", "FLASHINFER"):
             try:
-                case = to_case(zoo[name], block_size=16, backend=backend).with_(name=f"{name}-{backend.lower()}-b16")
+                case = to_case(zoo[name], block_size=16, backend=backend)
+                # A model served at its own block size (suites.zoo.OWN_BLOCK_SIZE) is named with it.
+                case = case.with_(name=f"{name}-{backend.lower()}-b{case.block_size}")
             except ValueError:
                 continue  # e.g. an MLA model's layers have no sibling of that backend
             # The selector never gives a layer a backend without kernels for its head size (Phi-3's

@@ -63,7 +63,8 @@ class LayerBlocks:
     kernel_blocks_per_block: int
     """Kernel blocks per logical (scheduler) block: ``shape[0] // num_blocks`` of the registered view."""
     kernel_block_tokens: int
-    """Tokens per registered (kernel) block: ``shape[2]``."""
+    """Tokens per registered (kernel) block: ``shape[2]``, times the spec's tokens per state for a compressed cache
+    (DeepSeek V4's, QSA's compressed keys, a pooled indexer: ``shape[2]`` counts states)."""
     block_tokens: int
     """Tokens per logical block (the KV cache group's block size)."""
     page_bytes: int
@@ -148,7 +149,7 @@ class Derivation:
         return LayerBlocks(
             layer=layer,
             kernel_blocks_per_block=ratio,
-            kernel_block_tokens=view.shape[2],
+            kernel_block_tokens=view.shape[2] * getattr(self.specs[layer], "tokens_per_state", 1),
             block_tokens=self.specs[layer].block_size,
             page_bytes=page,
             kernel_page_bytes=page // ratio,

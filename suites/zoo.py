@@ -58,6 +58,10 @@ PROVENANCE: dict[str, str] = {
     "qwen3.6-35b-a3b": (
         "Qwen/Qwen3.6-35B-A3B's config.json, from a repository vendoring Hub configs; the nearest public config "
         "to Qwen4-exp (whose own is not public): the same Gated DeltaNet + full attention 3:1 layer style"),
+    "deepseek-v4-flash": (
+        "deepseek-ai/DeepSeek-V4-Flash-0731's config.json (revision 7872f01b), as a public repository embeds it with its "
+        "size (1,888 bytes) and sha256, which this copy matches; the dated re-release of DeepSeek-V4-Flash, whose "
+        "decoder layers 0-42 have the same compression pattern (it adds DSpark draft-head keys)"),
     "eagle3-deepseek-v3": (
         "the Eagle3 draft config SpecForge trains for DeepSeek-V3 (sgl-project/SpecForge "
         "configs/deepseek-v3-671b-eagle3.json), not a particular Hub repository's"),
@@ -88,10 +92,14 @@ _DECODER_ONLY = {
 }
 _GDN_HYBRIDS = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
 """Qwen's Gated DeltaNet hybrids: Qwen3-Next and Qwen3.5/3.6 (``QwenGatedDeltaNetAttention`` + full attention)."""
-_SUPPORTED = _DECODER_ONLY | _GDN_HYBRIDS | {"deepseek_v3", "deepseek_v32", "nemotron_h", "whisper", "kimi_linear",
-                                            "minimax_m3_vl"}
+_SUPPORTED = _DECODER_ONLY | _GDN_HYBRIDS | {"deepseek_v3", "deepseek_v32", "deepseek_v4", "nemotron_h", "whisper",
+                                            "kimi_linear", "minimax_m3_vl"}
 _DEEPSEEK_MLA = {"deepseek_v3", "deepseek_v32"}
-_MLA_MODELS = _DEEPSEEK_MLA | {"kimi_linear"}
+_MLA_MODELS = _DEEPSEEK_MLA | {"kimi_linear", "deepseek_v4"}
+OWN_BLOCK_SIZE = {"deepseek_v4": 256}
+"""Models served at one block size whatever is asked (``to_case(block_size=...)`` is replaced by it): DeepSeek V4's
+packed caches take only --block-size 256 (its FlashMLA and indexer kernels' block; 128 finds no kernel block, 512
+cannot be split in a packed block); the named cases dsv4-b128-refused and dsv4-b512-refused hold the refusals."""
 
 # vLLM's _get_and_verify_dtype: float32 checkpoints are served in the platform's half
 # dtype (bfloat16 on SM80+) unless --dtype says otherwise.
@@ -156,6 +164,15 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
             "MLA latent cache modeled as one 576-wide head under a dense MLA backend (the sparse-MLA "
             "backends and their spec fields, topk_buffer_width, are not modeled); each layer's indexer "
             "K cache is the mla_indexer kind (DeepseekV32IndexerCache, 132 uint8 per token)"
+        )
+    if model_type == "deepseek_v4":
+        notes.append(
+            "DeepSeek V4's caches per decoder layer, from compress_ratios (or layer_types and compress_rates) cut to "
+            "num_hidden_layers: a 64-token SWA cache on every layer; on compressed layers the compressed attention cache "
+            "and its compressor's fp32 state; on ratio-4 layers the indexer's key cache and its compressor's state "
+            "(suites.named_cases.deepseek_v4_caches), in the fp8_ds_mla format of the FlashMLA path (the backend asked for "
+            "is not used: each cache names its own), at --block-size 256 (OWN_BLOCK_SIZE); the MTP layer is not loaded "
+            "(no draft)"
         )
     if model_type == "gpt_oss":
         notes.append(
@@ -377,6 +394,20 @@ def kimi_kda_layers(text: Mapping[str, Any]) -> set[int]:
     return {i - 1 for i in linear.get("kda_layers", ())}
 
 
+def deepseek_v4_compress_ratios(text: Mapping[str, Any]) -> list[int]:
+    """Each decoder layer's compress ratio (0: sliding window only), as vLLM's ``get_compress_ratios`` reads a V4
+    config (``compress_ratios``, else ``compress_rates`` of each ``layer_types`` entry), cut to the decoder layers
+    (``DeepseekV4Attention``: layers past num_hidden_layers are MTP layers)."""
+    ratios = text.get("compress_ratios")
+    if ratios is None:
+        rates = text.get("compress_rates") or {}
+        ratios = [rates.get(t, 0) for t in text["layer_types"]]
+    n = text["num_hidden_layers"]
+    if len(ratios) < n:
+        raise ConfigError(f"compress_ratios has {len(ratios)} entries; expected at least num_hidden_layers {n}")
+    return [int(r) for r in ratios[:n]]
+
+
 def minimax_sparse_layers(text: Mapping[str, Any]) -> set[int]:
     """MiniMax M3's layers with a sparse index branch (``_sparse_attention_layer_ids``)."""
     freq = (text.get("sparse_attention_config") or {}).get("sparse_attention_freq") or ()
@@ -506,6 +537,11 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
                         is_draft=i >= n,
                     )
                 )
+    elif mt == "deepseek_v4":
+        from suites.named_cases import deepseek_v4_caches
+
+        layers.extend(deepseek_v4_caches(deepseek_v4_compress_ratios(text), sliding_window=text["sliding_window"],
+                                         head_dim=text["head_dim"], index_head_dim=text["index_head_dim"]))
     elif mt == "kimi_linear":
         mla = _attention_backend(backend, mla=True)
         kda = kimi_kda_layers(text)
@@ -619,6 +655,7 @@ def to_case(
     a TP/DCP combination vLLM refuses raises ``ConfigError`` with vLLM's text.
     """
     check_parallel(model_heads(model), tensor_parallel_size, decode_context_parallel_size)
+    block_size = OWN_BLOCK_SIZE.get(model.model_type, block_size)
     layers = _layers(model, backend, cache_dtype, tensor_parallel_size)
     name = f"zoo-{model.name}-{backend.lower()}-b{block_size}" + (f"-{layout.lower()}" if layout else "")
     if cache_dtype != "auto":
@@ -648,6 +685,8 @@ def to_case(
 __all__ = [
     "DRAFT_TARGETS",
     "PROVENANCE",
+    "OWN_BLOCK_SIZE",
+    "deepseek_v4_compress_ratios",
     "kimi_kda_layers",
     "minimax_sparse_layers",
     "MLA_BACKEND_FOR",

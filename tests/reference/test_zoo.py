@@ -33,6 +33,13 @@ EXPECTED_ERRORS = {
         "indexer.py), which a 16-token block cannot hold; the case gives --block-size 16 explicitly, which "
         "update_block_size_for_backend keeps (it only picks a block for a hybrid or an unset one)",
     ),
+    **{("deepseek-v4-flash", backend, size): (
+        StartupError,
+        "does not satisfy every supported set",
+        "DeepSeek V4's caches pack pages of different sizes: only block-outermost layouts can hold them, and its "
+        "indexer backend takes only BLHNC and BLNHC (v1/attention/backends/mla/indexer.py), so a requested "
+        "layer-outermost layout is refused (resolve_kv_cache_layout)",
+    ) for backend, size in (("FLASHINFER", 128), ("TRITON_ATTN", 64))},
     ("whisper-large-v3", "FLASHINFER", 128): (
         StartupError,
         "ENCODER_DECODER not supported",

@@ -184,6 +184,16 @@ def test_zoo_reads_configs_like_transformers(name) -> None:
         warnings.simplefilter("ignore")
         parsed = transformers.AutoConfig.for_model(model_type, **raw).get_text_config()
     n = model.text_config.get("num_hidden_layers", model.text_config.get("decoder_layers"))
+    if model.model_type == "deepseek_v4":
+        # vLLM's get_compress_ratios reads layer_types and compress_rates as transformers parses them (the legacy
+        # compress_ratios key becomes layer_types); the zoo reads the raw config the same way.
+        from suites.zoo import deepseek_v4_compress_ratios
+
+        assert deepseek_v4_compress_ratios(model.text_config) == [
+            parsed.compress_rates.get(t, 0) for t in parsed.layer_types][:n]
+        assert {l.sliding_window for l in to_case(model, block_size=256, backend="FLASH_ATTN").layers
+                if l.kind == "dsv4_swa"} == {parsed.sliding_window}
+        return
     if model.model_type in ("whisper", "deepseek_v3", "deepseek_v32", "nemotron_h", "kimi_linear", "minimax_m3_vl"):
         assert getattr(parsed, "sliding_window", None) is None
         assert not any(l.kind == "sliding_window" for l in to_case(model, block_size=128, backend="FLASHINFER").layers)
@@ -358,4 +368,7 @@ def test_zoo_parallel_heads_and_refusals_are_vllms(name) -> None:
         target = [l for l in case.layers if not l.is_draft and l.kind not in ("mamba", *LAYER_OWN_BACKENDS)
                   and (not per_layer or l.head_size == model.text_config["head_dim"])]
         expected = ModelConfig.get_num_kv_heads(stand_in, SimpleNamespace(tensor_parallel_size=tp))
+        if model.model_type == "deepseek_v4":
+            # Every cache is one of DeepSeek V4's own classes: one latent head, replicated (max_tp_shards=1).
+            target = [l for l in case.layers if not l.is_draft]
         assert {l.num_kv_heads for l in target} == {expected}, f"TP {tp}"
