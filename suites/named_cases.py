@@ -431,6 +431,15 @@ def _build() -> dict[str, CaseConfig]:
             "packed (block-outermost) 512-token block cannot be split into; vLLM refuses.",
         ),
         CaseConfig(
+            "dsv4-zero-page-b48",
+            deepseek_v4_caches((0, 4, 128)),
+            block_size=48,
+            num_blocks=8,
+            note="DeepSeek V4 at --block-size 48: the HCA cache's 16-token kernel-block alignment holds no 128-token "
+            "state, a page of 0 bytes, and vLLM's planning divides by it (ZeroDivisionError: "
+            "docs/findings/dsv4-zero-byte-stride-alignment.md); the reference refuses it with what is wrong.",
+        ),
+        CaseConfig(
             "dsv4-b128-refused",
             deepseek_v4_caches((0, 4, 128)),
             block_size=128,

@@ -104,3 +104,18 @@ def test_the_findings_repro_shows_sliding_window_mla_promotion_raising() -> None
                           env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 1, done.stdout + done.stderr[-2000:]
     assert "unexpected keyword argument 'bounded_replay'" in done.stdout, done.stdout
+
+
+def test_the_findings_repro_shows_deepseek_v4_planning_dividing_by_zero() -> None:
+    """docs/findings/repro_dsv4_zero_byte_stride_alignment.py, as a reader runs it: exit 1 with vLLM's
+    ZeroDivisionError (an HCA cache's 0-byte kernel-block stride alignment at --block-size 48). Once vLLM refuses
+    such a block size instead, this fails: update the finding and the expectation dsv4-zero-byte-stride-alignment."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repro = Path(__file__).resolve().parents[2] / "docs" / "findings" / "repro_dsv4_zero_byte_stride_alignment.py"
+    done = subprocess.run([sys.executable, str(repro)], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr[-2000:])
+    assert "raised ZeroDivisionError" in done.stdout, done.stdout
