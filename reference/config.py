@@ -80,8 +80,9 @@ DSV4_COMPRESS_RATIOS = (4, 128)
 """``CompressorStateCache`` asserts ``compress_ratio in [4, 128]``; a C4 layer also has the indexer."""
 
 MINIMAX_INDEXER_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
-"""``MiniMaxM3IndexerCache``'s ``indexer_kv_dtype`` as cases set it: ``auto`` is its bf16 cache, an fp8
-cache dtype its ``fp8`` (``torch.float8_e4m3fn``); it raises for any other."""
+"""A ``minimax_indexer`` layer's ``cache_dtype`` is the engine's ``--attention-config indexer_kv_dtype`` (the index
+cache's own dtype, independent of ``--kv-cache-dtype``): ``auto`` is its bf16 cache, an fp8 name its ``fp8``
+(``torch.float8_e4m3fn``); ``MiniMaxM3IndexerCache`` raises for any other."""
 
 LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
     "mla_indexer": ("DEEPSEEK_V32_INDEXER", "DeepseekV32IndexerCache"),

@@ -157,6 +157,11 @@ def vllm_config_for(case) -> Iterator[Any]:
         # indexer's metadata builder sizes its prefill buffer from it.
         attention_fields["sparse_mla_prefill_workspace_factor"] = (
             vc.attention_config.sparse_mla_prefill_workspace_factor or (5 if case.max_model_len <= 256 * 1024 else 2))
+    if hasattr(vc.attention_config, "indexer_kv_dtype"):
+        # --attention-config indexer_kv_dtype: what MiniMax M3's indexer reads for its key cache
+        # (attention_config.resolve_indexer_kv_dtype), described by the case as its minimax_indexer layers' dtype.
+        indexer = {l.cache_dtype for l in case.layers if l.kind == "minimax_indexer"} - {"auto"}
+        attention_fields["indexer_kv_dtype"] = "fp8" if indexer else "auto"
     object.__setattr__(vc, "attention_config", replace(vc.attention_config, **attention_fields))
     saved_model_config = vc.model_config
     saved_transfer = vc.kv_transfer_config

@@ -265,10 +265,11 @@ def _build_layer(layer, cache_config, vc):
                                        cache_config=layer_cache)
     if kind == "minimax_indexer":
         MiniMaxM3IndexerCache = _own_layer_class(layer, "vllm.models.minimax_m3.common.indexer", "MiniMaxM3IndexerCache")
-        # As MiniMaxM3Indexer builds it (models/minimax_m3/common/indexer.py): its indexer_kv_dtype is
-        # bf16 unless the index cache is fp8 (attention_config.resolve_indexer_kv_dtype).
+        # As MiniMaxM3SparseAttention builds its indexer (models/minimax_m3/nvidia/model.py): the index cache's
+        # dtype is --attention-config indexer_kv_dtype, bf16 when unset (vLLM's resolve_indexer_kv_dtype), not
+        # the KV cache dtype; vllm_config_for sets it from the case's indexer layers.
         return MiniMaxM3IndexerCache(head_dim=layer.head_size, prefix=layer.name, cache_config=layer_cache,
-                                     indexer_kv_dtype="bf16" if layer.cache_dtype == "auto" else "fp8")
+                                     indexer_kv_dtype=vc.attention_config.resolve_indexer_kv_dtype("bf16"))
     if kind == "circular_buffer":
         import torch
         Glm5NextTailCache = _own_layer_class(layer, "vllm.models.glm5next.common.attention", "Glm5NextTailCache")
