@@ -250,10 +250,12 @@ def _with_hidden_state_groups(groups: list[KVCacheGroup], hidden: dict[str, Atte
         common_page *= scale
         scaled = []
         for g in groups:
-            spec = g.spec.with_block_size(g.spec.block_size * scale)  # type: ignore[union-attr]
+            # One replace, as vLLM's: a padded page scales with its block (a block grown first would
+            # briefly carry a padded page smaller than itself).
+            changes: dict = {"block_size": g.spec.block_size * scale}
             if getattr(g.spec, "page_size_padded", None) is not None:
-                spec = replace(spec, page_size_padded=g.spec.page_size_padded * scale)  # type: ignore[union-attr]
-            scaled.append(KVCacheGroup(g.layer_names, spec))
+                changes["page_size_padded"] = g.spec.page_size_padded * scale  # type: ignore[union-attr]
+            scaled.append(KVCacheGroup(g.layer_names, replace(g.spec, **changes)))
         groups = scaled
     group_block_size = math.gcd(*(g.spec.block_size for g in groups))
     out = list(groups)

@@ -173,7 +173,7 @@ def test_malformed_version_ranges(spec: str, message: str) -> None:
         ("expectations = []\n", "<expectations>: top-level key 'expectations' is not one of schema, expectation"),
         ("expectation = 3\n", "<expectations>: expectation 3 must be an array of tables ([[expectation]])"),
         ("expectation = [1]\n", "<expectations>: expectation 1: 1 is not a table; write each entry as [[expectation]]"),
-        (_entry(kinds='"layout"'), "expectation 1: key 'kinds' is not one of id, kind, reason, case, field, backend, layout, runner, options, without, vllm"),
+        (_entry(kinds='"layout"'), "expectation 1: key 'kinds' is not one of id, kind, reason, case, field, observed, backend, layout, runner, options, without, vllm"),
         (_entry(reason=None), "expectation 1: required key 'reason' is missing (required: id, kind, reason)"),
         (_entry(id='"two words"'), "expectation 1: id 'two words' must be letters, digits, '.', '_' or '-'"),
         (_entry(id="7"), "expectation 1: id 7 must be a non-empty string"),
@@ -236,6 +236,13 @@ FI_FACTS = {"flashinfer-b128-k64": CaseFacts(frozenset({"FLASHINFER"}), frozense
         ({"kind": '"kernel_block_size"', "layout": '"LBHNC"'}, _div(), False),
         ({"kind": '"kernel_block_size"', "backend": '"FLASHINFER"'}, _div(case="unknown-case"), False),  # no facts
         ({"kind": '"mrv1_mrv2_mismatch"', "runner": '"mrv1/mrv2"'}, _div(kind="mrv1_mrv2_mismatch", runner="mrv1/mrv2"), True),
+        # observed: a glob on what vLLM showed (here [128]), e.g. one exception of vLLM's rather than any error
+        ({"kind": '"kernel_block_size"', "observed": '"[[]128[]]"'}, _div(), True),
+        ({"kind": '"kernel_block_size"', "observed": '"[[]64[]]"'}, _div(), False),
+        ({"kind": '"startup_error"', "observed": '"ZeroDivisionError*"'},
+         Divergence("startup_error", "c", "mrv1", "error reason", "No common block size", "ZeroDivisionError: division by zero"), True),
+        ({"kind": '"startup_error"', "observed": '"ZeroDivisionError*"'},
+         Divergence("startup_error", "c", "mrv1", "error reason", "No common block size", "ValueError: something else"), False),
     ],
 )
 def test_matching(overrides: dict[str, str], divergence: Divergence, matches: bool) -> None:

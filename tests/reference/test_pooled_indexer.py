@@ -52,7 +52,8 @@ def test_a_block_smaller_than_the_smallest_kernel_page_is_refused() -> None:
 
 @pytest.mark.parametrize(("kind", "kpool", "message"), [
     ("mla_indexer", 1, "needs index_kpool >= 2"),
-    ("full", 4, "index_kpool 4 is only for kinds 'circular_buffer', 'mla_indexer', 'qsa_compressed_key', 'qsa_key_state', not 'full'"),
+    ("full", 4, "index_kpool 4 is only for kinds 'circular_buffer', 'mla_indexer', 'qsa_compressed_key', 'qsa_key_state', "
+              "'dsv4_attention', 'dsv4_indexer', 'dsv4_compressor_state', not 'full'"),
 ])
 def test_index_kpool_is_validated(kind: str, kpool: int, message: str) -> None:
     backend = LAYER_OWN_BACKENDS["mla_indexer"][0] if kind == "mla_indexer" else "FLASH_ATTN"
