@@ -72,6 +72,13 @@ per 4 tokens, fp8 keys and fp32 scales, aligned to 576); ``dsv4_compressor_state
 ``CompressorStateCache`` (fp32 states of ``head_size`` floats, a ``SlidingWindowMLASpec`` of its own block: 4 tokens
 for ratio 4, 8 for ratio 128, a window of 8 or 128). Each is built as vLLM's own class on its own backend."""
 
+LAYER_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "kimi_k3": ("vllm.models.kimi_k3.nvidia.mla", "MultiHeadLatentAttention", ("mla",)),
+}
+"""A layer's ``family``: the model family whose own layer class builds a layer of a generic kind (its spec is the
+kind's; the class owns its construction and checks) -> (module, class, the kinds it builds). None: vLLM's generic
+layer class of the kind."""
+
 DSV4_CACHE_DTYPE = "fp8_ds_mla"
 """The one cache dtype DeepSeek V4's kinds take: FlashMLA's layout (``_resolve_dsv4_kv_cache_dtype`` turns
 ``auto`` and ``fp8`` into it; the plain bf16 rows of the FlashInfer path are not modeled)."""
@@ -264,6 +271,9 @@ class LayerConfig:
     """A ``mamba`` layer built as vLLM's own mixer class from this geometry (no ``mamba_shapes``:
     the class computes its state, the reference predicts it, ``reference.state_mixers``)."""
     is_draft: bool = False
+    family: str | None = None
+    """The model family whose own layer class builds this layer (``LAYER_FAMILIES``: ``kimi_k3`` is Kimi K3's
+    ``MultiHeadLatentAttention`` for an ``mla`` layer); None: vLLM's generic class of the kind."""
 
     def __post_init__(self) -> None:
         _text("", "layer name", self.name)
@@ -314,6 +324,16 @@ class LayerConfig:
                               f"{', '.join(repr(k) for k in ratio_kinds)}, not {self.kind!r}")
         if self.kind in DSV4_KINDS:
             self._check_dsv4()
+        if self.family is not None:
+            if self.family not in LAYER_FAMILIES:
+                raise ConfigError(f"{owner}family {self.family!r} is not one of {', '.join(LAYER_FAMILIES)}")
+            _module, layer_class, kinds = LAYER_FAMILIES[self.family]
+            if self.kind not in kinds:
+                raise ConfigError(f"{owner}family {self.family!r} builds kind(s) {', '.join(kinds)} ({layer_class}), "
+                                  f"not {self.kind!r}")
+            if self.is_draft:
+                raise ConfigError(f"{owner}family {self.family!r}: a draft layer is built by the drafter, not the family's "
+                                  f"class; leave family unset")
         if self.kind in QSA_KINDS and self.index_kpool is None:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs index_kpool (the QSA compress_ratio, >= 1)")
         if self.kind in QSA_KINDS and self.cache_dtype != "auto":

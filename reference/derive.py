@@ -315,6 +315,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             kind=kind, block_size=case.block_size, num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
             head_size_v=0, dtype=dtype, cache_dtype=layer.cache_dtype, is_draft=layer.is_draft,
         )
+    if layer.family == "kimi_k3":
+        return _kimi_k3_mla_spec(case, layer, common)
     if kind.is_mla:
         spec = AttentionSpec(
             num_kv_heads=1,
@@ -333,6 +335,18 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         spec = spec.with_block_size(_sliding_window_block_size(
             backend, spec, case.block_size, case.capability, holds(SLIDING_WINDOW_BLOCK_FROM_PRIMARY, case.vllm_version)))
     return spec
+
+
+def _kimi_k3_mla_spec(case: CaseConfig, layer: LayerConfig, common: dict) -> AttentionSpec:
+    """Kimi K3's own ``MultiHeadLatentAttention.get_kv_cache_spec`` (models/kimi_k3/nvidia/mla.py): the generic MLA
+    page, one TP shard, but only fp8_ds_mla has its custom record (656 bytes; nvfp4_ds_mla keeps the plain page). Its
+    constructor asserts no prefill context parallelism."""
+    if case.prefill_context_parallel_size > 1:
+        raise StartupError("Kimi-K3 MultiHeadLatentAttention does not support prefill context parallelism.",
+                           where="vllm.models.kimi_k3.nvidia.mla.MultiHeadLatentAttention.__init__")
+    return AttentionSpec(num_kv_heads=1, head_size=layer.head_size, head_size_v=0,
+                         state_content_bytes=_MLA_CONTENT_BYTES.get(layer.cache_dtype) if layer.cache_dtype == "fp8_ds_mla" else None,
+                         **common)
 
 
 def _is_hybrid(case: CaseConfig) -> bool:

@@ -193,7 +193,11 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", "mamba",
            "kimi-k3-kda-hybrid", "yes", True, "mixer kind kimi_k3_kda: built from a KimiLinearConfig, on its own "
            "KIMI_K3_KDA backend"),
-    _layer("models/kimi_k3/nvidia/mla.py", "MultiHeadLatentAttention", "MLAAttentionSpec", why=_FAMILY),
+    _layer("models/kimi_k3/nvidia/mla.py", "MultiHeadLatentAttention", "MLAAttentionSpec", "mla",
+           "kimi-k3-mla-own-class-b64", "yes", True,
+           "kind mla with family kimi_k3: Kimi K3's own latent attention (registered as ...self_attn, its backend "
+           "selected by the layer); also the zoo's kimi-k3; it refuses prefill context parallelism "
+           "(kimi-k3-mla-pcp2-refused)"),
     _layer("models/minimax_m3/amd/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
     _layer("models/minimax_m3/common/indexer.py", "MiniMaxM3IndexerCache", "MLAAttentionSpec (indexer)",
            "minimax_indexer", "minimax-m3-indexer-b128", "yes", True,

@@ -335,6 +335,25 @@ def _build() -> dict[str, CaseConfig]:
             "float32 (KDA's 'auto') = 18688 bytes, padded to the 32768-byte attention page.",
         ),
         CaseConfig(
+            "kimi-k3-mla-own-class-b64",
+            tuple(LayerConfig(f"language_model.model.layers.{i}.self_attn", kind="mla", backend="FLASHMLA", head_size=576,
+                              family="kimi_k3") for i in range(2)),
+            block_size=64,
+            num_blocks=16,
+            note="Kimi K3's MLA layers built as its own MultiHeadLatentAttention (its backend selected by the layer, "
+            "registered as ...self_attn): the same MLAAttentionSpec as vLLM's generic MLAAttention.",
+        ),
+        CaseConfig(
+            "kimi-k3-mla-pcp2-refused",
+            tuple(LayerConfig(f"language_model.model.layers.{i}.self_attn", kind="mla", backend="FLASHMLA", head_size=576,
+                              family="kimi_k3") for i in range(2)),
+            block_size=64,
+            num_blocks=16,
+            prefill_context_parallel_size=2,
+            note="Kimi K3's own MLA class under prefill context parallelism: MRv2 accepts PCP for an MLA model, then "
+            "the layer's constructor asserts it is off; MRv1 refuses PCP outright.",
+        ),
+        CaseConfig(
             "glm5next-kda-hybrid",
             _attention_and_mixers(StateMixer("glm5next_kda", num_heads=4, head_dim=32)),
             block_size=64,

@@ -555,7 +555,9 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
             else:
                 layers.append(LayerConfig(name, kind="mla", backend=mla, num_kv_heads=1,
                                           head_size=text["kv_lora_rank"] + text["qk_rope_head_dim"],
-                                          cache_dtype=cache_dtype))
+                                          cache_dtype=cache_dtype,
+                                          # Kimi K3's own MultiHeadLatentAttention; Kimi-Linear's is refused above.
+                                          family="kimi_k3"))
     elif mt == "minimax_m3_vl":
         attn = _attention_backend(backend, mla=False)
         sparse = minimax_sparse_layers(text)

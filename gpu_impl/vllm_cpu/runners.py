@@ -231,6 +231,10 @@ def _build_layer(layer, cache_config, vc):
                 **common,
                 **extra,
             )
+    if kind == "mla" and layer.family == "kimi_k3":
+        # Query heads are not part of the case (the latent cache has one head): 4 per TP rank, a count
+        # the class's per-rank split (it asserts num_heads % tp == 0) accepts at any TP size.
+        return _kimi_k3_mla(layer, layer_cache, Q_HEADS_PER_KV_HEAD * vc.parallel_config.tensor_parallel_size)
     if kind in ("mla", "sliding_window_mla"):
         from vllm.model_executor.layers.attention.mla_attention import MLAAttention
 
@@ -299,6 +303,20 @@ def _build_layer(layer, cache_config, vc):
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
+
+
+def _kimi_k3_mla(layer, cache_config, heads: int):
+    """Kimi K3's own MLA layer (models/kimi_k3/nvidia/mla.py ``MultiHeadLatentAttention``), as its decoder layer
+    builds it: NoPE-only latent attention of the case's latent width (kv_lora_rank + RoPE 64), selecting its backend
+    itself (the platform selector), registered under the layer's own name (``...self_attn``). Its config carries
+    only what the constructor reads (``rms_norm_eps``; no RoPE); weights stay on meta."""
+    cls = _own_layer_class(layer, "vllm.models.kimi_k3.nvidia.mla", "MultiHeadLatentAttention")
+    config_cls = _own_layer_class(layer, "vllm.transformers_utils.configs.kimi_linear", "KimiLinearConfig")
+    with _constructing(layer):
+        return cls(config_cls(rms_norm_eps=1e-6), hidden_size=256, num_heads=heads, qk_nope_head_dim=MLA_NOPE_DIM,
+                   qk_rope_head_dim=MLA_ROPE_DIM, v_head_dim=MLA_NOPE_DIM, q_lora_rank=None,
+                   kv_lora_rank=layer.head_size - MLA_ROPE_DIM, use_output_gate=True, cache_config=cache_config,
+                   prefix=layer.name)
 
 
 def _deepseek_v4_cache(layer, cache_config, vc, fc):
@@ -378,12 +396,15 @@ def _state_space_layer(layer, fc):
 
 
 def _has_mixers(case) -> bool:
-    return any(getattr(layer, "mixer", None) is not None for layer in case.layers)
+    """Layers built as a model's own classes, which read the tensor-parallel group: state mixers, and the
+    layers of a model family's own class (Kimi K3's MLA asserts its heads split across the ranks)."""
+    return any(getattr(layer, "mixer", None) is not None or getattr(layer, "family", None) is not None
+               for layer in case.layers)
 
 
 def mixer_environment(case):
-    """While a case's mixer layers are asked for their specs: the tensor-parallel group their
-    ``get_state_shape`` reads (MambaMixer2 asks ``get_tensor_model_parallel_world_size()``)."""
+    """While a case's own-class layers are built and asked for their specs: the tensor-parallel group they
+    read (MambaMixer2's ``get_state_shape`` asks ``get_tensor_model_parallel_world_size()``)."""
     return shims.tensor_parallel_group(case.tensor_parallel_size) if _has_mixers(case) else contextlib.nullcontext()
 
 
