@@ -391,6 +391,15 @@ BACKENDS: dict[str, BackendInfo] = {
             is_mla=True,
         ),
         BackendInfo(
+            # MiniMaxM3SparseAttention's main cache: its Triton block-sparse backend, picked by the layer itself
+            # (select_main_backend_and_impl_cls) everywhere but SM100 (MSA) and ROCm (AITER sparse PA).
+            "MINIMAX_M3_SPARSE",
+            "models/minimax_m3/common/sparse_attention.py",
+            (128,),
+            head_sizes=HeadSizes(values=(128,)),
+            kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        ),
+        BackendInfo(
             "KPOOL_TAIL",
             "v1/attention/backends/mla/indexer.py",
             (MultipleOf(1),),

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reference.config import (CONNECTORS, LAYER_KINDS, MAMBA_CACHE_MODES, MAMBA_DTYPES, MAX_BLOCKS, MAX_BYTES, MAX_HEAD_SIZE,
+from reference.config import (CONNECTORS, LAYER_FAMILIES, LAYER_KINDS, MAMBA_CACHE_MODES, MAMBA_DTYPES, MAX_BLOCKS, MAX_BYTES, MAX_HEAD_SIZE,
                               MAX_HEADS, MAX_MIXER_DIM, MAX_PARALLEL, MAX_TOKENS, STATE_MIXERS, StateMixer)
 from reference.dtypes import CACHE_DTYPES, MODEL_DTYPE_NAMES
 
@@ -63,6 +63,7 @@ def layer_schema() -> dict[str, Any]:
             "mamba_dtypes": {"type": "array", "items": {"type": "string"}},
             "mixer": mixer_schema(),
             "is_draft": {"type": "boolean"},
+            "family": {"enum": [None, *LAYER_FAMILIES]},
         },
         "additionalProperties": False,
     }

@@ -74,10 +74,15 @@ for ratio 4, 8 for ratio 128, a window of 8 or 128). Each is built as vLLM's own
 
 LAYER_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kimi_k3": ("vllm.models.kimi_k3.nvidia.mla", "MultiHeadLatentAttention", ("mla",)),
+    "minimax_m3": ("vllm.models.minimax_m3.nvidia.model", "MiniMaxM3SparseAttention", ("full",)),
 }
 """A layer's ``family``: the model family whose own layer class builds a layer of a generic kind (its spec is the
 kind's; the class owns its construction and checks) -> (module, class, the kinds it builds). None: vLLM's generic
-layer class of the kind."""
+layer class of the kind. ``minimax_m3``'s class also builds its lightning indexer's key cache: the case lists that
+``minimax_indexer`` layer, named ``{name}.index_cache``, right before it (the order vLLM registers them in)."""
+
+FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE"}
+"""Families whose class picks its own backend (no selector): the backend such a layer runs on."""
 
 DSV4_CACHE_DTYPE = "fp8_ds_mla"
 """The one cache dtype DeepSeek V4's kinds take: FlashMLA's layout (``_resolve_dsv4_kv_cache_dtype`` turns
@@ -334,6 +339,9 @@ class LayerConfig:
             if self.is_draft:
                 raise ConfigError(f"{owner}family {self.family!r}: a draft layer is built by the drafter, not the family's "
                                   f"class; leave family unset")
+            own = FAMILY_BACKENDS.get(self.family)
+            if own is not None and self.backend != own:
+                raise ConfigError(f"{owner}family {self.family!r} runs on {own} ({layer_class} picks it), not {self.backend!r}")
         if self.kind in QSA_KINDS and self.index_kpool is None:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs index_kpool (the QSA compress_ratio, >= 1)")
         if self.kind in QSA_KINDS and self.cache_dtype != "auto":
@@ -478,9 +486,18 @@ class CaseConfig:
         for attr in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
             if getattr(self, attr) not in MAMBA_DTYPES:
                 raise ConfigError(f"{attr} {getattr(self, attr)!r} is not one of {', '.join(MAMBA_DTYPES)}")
-        for layer in self.layers:
+        for index, layer in enumerate(self.layers):
             if layer.mixer is not None:
                 _check_mixer_case(self, layer)
+            if layer.family == "minimax_m3":
+                if not layer.name.endswith(".attn"):
+                    raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' registers its main cache as "
+                                      f"'{{prefix}}.attn'; name the layer so")
+                before = self.layers[index - 1] if index else None
+                if before is None or before.name != f"{layer.name}.index_cache" or before.kind != "minimax_indexer":
+                    raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' (MiniMaxM3SparseAttention) builds its "
+                                      f"indexer's key cache too: list a 'minimax_indexer' layer named "
+                                      f"{layer.name + '.index_cache'!r} right before it (vLLM registers it first)")
         mixers = {layer.mixer for layer in self.layers if layer.kind == "mamba"}
         if len(mixers) > 1:
             # A model class reports one state to the block-size negotiation (its

@@ -14,7 +14,7 @@ from functools import cached_property
 
 from reference import backends as bk
 from reference.backends import Packing
-from reference.config import DSV4_KINDS, QSA_KINDS, CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
+from reference.config import DSV4_KINDS, FAMILY_BACKENDS, QSA_KINDS, CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
 from reference.dtypes import dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import prefill_context_parallel_refusal, scheduler_block_sizes
@@ -214,7 +214,7 @@ class Derivation:
 
 def layer_backend(case: CaseConfig, layer: LayerConfig, runner: str) -> str:
     """Which backend a layer runs under in ``runner`` (drafts differ: MRv1 vs MRv2, D1)."""
-    if layer.kind == "mamba" or layer.kind in LAYER_OWN_BACKENDS:
+    if layer.kind == "mamba" or layer.kind in LAYER_OWN_BACKENDS or layer.family in FAMILY_BACKENDS:
         return layer.backend  # the layer's own backend, whatever --attention-backend says
     if not layer.is_draft:
         return case.attention_backend or layer.backend
@@ -317,6 +317,10 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         )
     if layer.family == "kimi_k3":
         return _kimi_k3_mla_spec(case, layer, common)
+    if layer.family == "minimax_m3" and tuple(case.capability)[0] == 10:
+        raise NotModeledError(
+            "MiniMax M3's sparse attention on SM100: the layer picks its MSA backend where current_platform.is_cuda() "
+            "(select_main_backend_and_impl_cls), which the CPU drivers' platform is not; SM90's Triton backend is modeled")
     if kind.is_mla:
         spec = AttentionSpec(
             num_kv_heads=1,
@@ -544,8 +548,8 @@ def _customized_spec(case: CaseConfig, layer: LayerConfig, backend_name: str) ->
             raise ConfigError(f"layer {layer.name!r}: mamba layers need a state-space backend, got {backend_name}")
         return raw_spec(case, layer, backend)
     spec = raw_spec(case, layer, backend)
-    if layer.kind not in LAYER_OWN_BACKENDS:  # these name their backend: no selector validates it
-        bk.check_backend_accepts(backend, spec, layer.name)
+    if layer.kind not in LAYER_OWN_BACKENDS and layer.family not in FAMILY_BACKENDS:
+        bk.check_backend_accepts(backend, spec, layer.name)  # a layer naming its backend is not validated
     if not holds(STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, case.vllm_version):
         return bk.customize_spec(backend, spec)  # the runners' get_kv_cache_spec before 0.32
     return bk.customize_attention_spec(backend, spec, case.capability)

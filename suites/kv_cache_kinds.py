@@ -198,12 +198,21 @@ INVENTORY: tuple[Coverage, ...] = (
            "kind mla with family kimi_k3: Kimi K3's own latent attention (registered as ...self_attn, its backend "
            "selected by the layer); also the zoo's kimi-k3; it refuses prefill context parallelism "
            "(kimi-k3-mla-pcp2-refused)"),
-    _layer("models/minimax_m3/amd/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/minimax_m3/amd/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec",
+           why="the ROCm build of MiniMax M3's sparse attention (AITER sparse PA; its NVIDIA class below is driven); "
+           + _NOT_YET),
     _layer("models/minimax_m3/common/indexer.py", "MiniMaxM3IndexerCache", "MLAAttentionSpec (indexer)",
            "minimax_indexer", "minimax-m3-indexer-b128", "yes", True,
            "MiniMax M3's key-only lightning-indexer cache (bf16, or fp8 e4m3) on its own MINIMAX_M3_SPARSE_INDEXER "
-           "backend (128-token kernel pages); the sparse attention layer beside it is built as vLLM's Attention"),
-    _layer("models/minimax_m3/nvidia/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", why=_FAMILY),
+           "backend (128-token kernel pages), its dtype --attention-config indexer_kv_dtype; built by its owner "
+           "MiniMaxM3SparseAttention (minimax-m3-sparse-own-class-b128) or alone beside a generic Attention "
+           "(minimax-m3-indexer-b128)"),
+    _layer("models/minimax_m3/nvidia/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec", "full",
+           "minimax-m3-sparse-own-class-b128", "yes", True,
+           "kind full with family minimax_m3: MiniMax M3's sparse layer, which picks its own MINIMAX_M3_SPARSE Triton "
+           "backend (128-token kernel blocks) and registers its indexer's key cache first; also the zoo's minimax-m3. "
+           "SM100's MSA backend is not modeled (the layer picks it only where current_platform.is_cuda()); an fp8 "
+           "index cache is unsupported on CPU (the indexer asks for CUDA fp8)"),
     _layer("models/qwen4_exp/amd/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
     _layer("models/qwen4_exp/common/qsa_cache.py", "QSAKeyStateCache", "CircularBufferSpec", "qsa_key_state",
            "qwen4-qsa-caches-b64", "yes", True,

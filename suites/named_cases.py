@@ -128,6 +128,23 @@ def attention_with_minimax_indexers(n: int, backend: str, *, index_cache_dtype: 
     )
 
 
+def minimax_m3_sparse_layers(n: int, *, num_kv_heads: int = 4, index_dim: int = 128,
+                             index_cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
+    """MiniMax M3's sparse layers built as its own ``MiniMaxM3SparseAttention`` (family ``minimax_m3``): per layer
+    the lightning indexer's key cache, registered first, then the main GQA cache on the layer's own
+    MINIMAX_M3_SPARSE backend, named as the class registers them."""
+    return tuple(
+        layer
+        for i in range(n)
+        for layer in (
+            LayerConfig(f"model.layers.{i}.self_attn.attn.index_cache", kind="minimax_indexer",
+                        backend=LAYER_OWN_BACKENDS["minimax_indexer"][0], head_size=index_dim, cache_dtype=index_cache_dtype),
+            LayerConfig(f"model.layers.{i}.self_attn.attn", backend="MINIMAX_M3_SPARSE", num_kv_heads=num_kv_heads,
+                        head_size=128, family="minimax_m3"),
+        )
+    )
+
+
 def _attention_and_mamba(*, num_kv_heads: int, mamba_layers: int, mamba_shapes: tuple[tuple[int, ...], ...]) -> tuple[LayerConfig, ...]:
     """Two attention layers (head size 64) then ``mamba_layers`` Mamba-2 mixers."""
     mixers = tuple(
@@ -352,6 +369,21 @@ def _build() -> dict[str, CaseConfig]:
             prefill_context_parallel_size=2,
             note="Kimi K3's own MLA class under prefill context parallelism: MRv2 accepts PCP for an MLA model, then "
             "the layer's constructor asserts it is off; MRv1 refuses PCP outright.",
+        ),
+        CaseConfig(
+            "minimax-m3-sparse-own-class-b128",
+            minimax_m3_sparse_layers(2),
+            block_size=128,
+            num_blocks=16,
+            note="MiniMax M3's sparse layers built as its own MiniMaxM3SparseAttention: the layer picks its Triton "
+            "block-sparse backend (128-token kernel blocks) and registers its indexer's key cache before its GQA cache.",
+        ),
+        CaseConfig(
+            "minimax-m3-sparse-b64-refused",
+            minimax_m3_sparse_layers(1),
+            block_size=64,
+            num_blocks=16,
+            note="MiniMax M3's own sparse attention at --block-size 64: its backend takes only 128-token kernel blocks.",
         ),
         CaseConfig(
             "glm5next-kda-hybrid",

@@ -26,12 +26,12 @@ Whatever is approximated is recorded in ``ZooModel.approximations``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from reference.backends import get_backend
-from reference.config import LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes
+from reference.config import FAMILY_BACKENDS, LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes
 from reference.errors import ConfigError, NotModeledError
 from reference.parallel import ModelHeads, check_parallel, per_rank_kv_heads
 
@@ -245,8 +245,8 @@ def _approximations(model_type: str, cfg: Mapping[str, Any], draft: Mapping[str,
             "kind minimax_indexer, sparse_index_dim wide)"
         )
         notes.append(
-            "MiniMaxM3SparseAttention's block-sparse impl is not driven: its page is built as vLLM's Attention "
-            "(the same FullAttentionSpec); the MTP modules are not modeled as drafts"
+            "sparse layers are built as MiniMaxM3SparseAttention (family minimax_m3, on the MINIMAX_M3_SPARSE backend it "
+            "picks: the backend asked for serves the dense layers only); the MTP modules are not modeled as drafts"
         )
     if draft is not None:
         notes.append(
@@ -564,10 +564,14 @@ def _layers(model: ZooModel, backend: str, cache_dtype: str, tp: int = 1) -> lis
         index_dim = (text.get("sparse_attention_config") or {}).get("sparse_index_dim")
         for i in range(n):
             name = f"language_model.model.layers.{i}.self_attn.attn"
-            layers.append(attention(name, attn))
             if i in sparse:
+                # MiniMaxM3SparseAttention (family minimax_m3): its indexer's key cache, registered first, then its
+                # main cache on the backend it picks itself.
                 layers.append(LayerConfig(f"{name}.index_cache", kind="minimax_indexer",
                                           backend=LAYER_OWN_BACKENDS["minimax_indexer"][0], head_size=index_dim))
+                layers.append(replace(attention(name, attn), backend=FAMILY_BACKENDS["minimax_m3"], family="minimax_m3"))
+            else:
+                layers.append(attention(name, attn))
     elif mt in _GDN_HYBRIDS:
         attn = _attention_backend(backend, mla=False)
         prefix = "language_model.model" if "text_config" in model.config else "model"

@@ -514,6 +514,12 @@ def _build_layers(case, runner: str, vc) -> dict[str, Any]:
         if _kernel_availability_assert(exc):
             raise _Unsupported(f"a backend's kernels are not on this CPU machine: {_where(exc)}") from None
         raise
+    except NotImplementedError as exc:
+        if "requires CUDA" in str(exc):
+            # A layer asking the platform for CUDA hardware (MiniMax M3's fp8 indexer: is_cuda() and supports_fp8()),
+            # which the CPU drivers' platform is not: a GPU's answer, not this configuration's.
+            raise _Unsupported(f"a layer checks for CUDA hardware, which the CPU platform is not: {_one_line(exc)}") from None
+        raise
     except VLLM_ERRORS:
         raise
     except Exception as exc:  # noqa: BLE001 - hardware the shims do not stand in for

@@ -191,6 +191,8 @@ def _build_layer(layer, cache_config, vc):
     heads = Q_HEADS_PER_KV_HEAD * layer.num_kv_heads
     fc = vc.compilation_config.static_forward_context
     layer_cache = dataclasses.replace(cache_config, cache_dtype=layer.cache_dtype)
+    if kind == "full" and layer.family == "minimax_m3":
+        return _minimax_m3_sparse_attention(layer, layer_cache, vc)
     if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm", "encoder_only"):
         from vllm.model_executor.layers.attention.attention import Attention
 
@@ -303,6 +305,32 @@ def _build_layer(layer, cache_config, vc):
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
+
+
+def _minimax_m3_sparse_attention(layer, cache_config, vc):
+    """MiniMax M3's own sparse attention layer (models/minimax_m3/nvidia/model.py ``MiniMaxM3SparseAttention``), as its
+    decoder layer builds it: it picks its own backend (``select_main_backend_and_impl_cls``) and builds its lightning
+    indexer, whose key cache it registers first (``{prefix}.attn.index_cache``), then its main cache
+    (``{prefix}.attn``). Its config carries the case's geometry (KV heads over the TP ranks, head size, the index
+    cache layer's width as ``sparse_index_dim``) and defaults for what the layout does not read (RoPE, top-k 16 of
+    128-token sparse blocks); weights stay on meta."""
+    from transformers import PretrainedConfig
+
+    cls = _own_layer_class(layer, "vllm.models.minimax_m3.nvidia.model", "MiniMaxM3SparseAttention")
+    tp = vc.parallel_config.tensor_parallel_size
+    total_kv = layer.num_kv_heads * tp
+    index_dim = _MINIMAX_INDEX_DIMS[layer.name]
+    config = PretrainedConfig(
+        hidden_size=256, num_attention_heads=Q_HEADS_PER_KV_HEAD * total_kv, num_key_value_heads=total_kv,
+        head_dim=layer.head_size, rms_norm_eps=1e-6, max_position_embeddings=vc.model_config.max_model_len,
+        rope_theta=1e4, partial_rotary_factor=0.5,
+        sparse_attention_config={"sparse_num_index_heads": total_kv, "sparse_index_dim": index_dim,
+                                 "sparse_topk_blocks": 16, "sparse_block_size": 128})
+    return cls(config, layer_id=0, prefix=layer.name.removesuffix(".attn"), cache_config=cache_config)
+
+
+_MINIMAX_INDEX_DIMS: dict[str, int] = {}
+"""The case's MiniMax M3 sparse layers -> their index cache's width (set by ``build_layers``)."""
 
 
 def _kimi_k3_mla(layer, cache_config, heads: int):
@@ -449,6 +477,16 @@ def _pcp_build_check(case) -> None:
             "supports_pcp_dcp), which the drivers do not build; the generic MLAAttention refuses PCP+DCP")
 
 
+def _family_owner(layer, by_name: dict[str, Any]):
+    """The case layer whose family class also builds ``layer`` (MiniMax M3's sparse attention builds its index
+    cache, ``{name}.index_cache``), or None."""
+    if layer.kind == "minimax_indexer" and layer.name.endswith(".index_cache"):
+        owner = by_name.get(layer.name.removesuffix(".index_cache"))
+        if owner is not None and owner.family == "minimax_m3":
+            return owner
+    return None
+
+
 def build_layers(case, runner: str, vc) -> dict[str, Any]:
     """The case's layers as the loaded model (and drafter) leave them, by name."""
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -462,10 +500,22 @@ def build_layers(case, runner: str, vc) -> dict[str, Any]:
     pcp = shims.prefill_context_parallel_group(_pcp_size(case))
     # Mixer classes read the tensor-parallel group when built and when asked for their state.
     with shims.cuda_on_meta(), dcp, pcp, mixer_environment(case), set_default_torch_dtype(_torch_dtype(case.model_dtype)):
+        by_name = {layer.name: layer for layer in case.layers}
+        _MINIMAX_INDEX_DIMS.clear()
+        _MINIMAX_INDEX_DIMS.update({l.name: by_name[f"{l.name}.index_cache"].head_size
+                                    for l in case.layers if l.family == "minimax_m3"})
         for layer in case.layers:
             subs = draft if layer.is_draft else _DraftBase.of(vc)
-            with _sub_configs(vc, subs):
-                obj = _build_layer(layer, subs.cache_config, vc)
+            owner = _family_owner(layer, by_name)
+            if owner is not None and layer.name not in fc:
+                # The family's class builds this layer as part of its owner (MiniMax M3's index cache).
+                with _sub_configs(vc, subs):
+                    _build_layer(owner, subs.cache_config, vc)
+            if layer.name in fc:  # registered by its owner's class, built above
+                obj = fc[layer.name]
+            else:
+                with _sub_configs(vc, subs):
+                    obj = _build_layer(layer, subs.cache_config, vc)
             if layer.is_draft:
                 # LLMBaseProposer.load_model / DraftModelSpeculator.load_model tag them.
                 obj.is_draft_layer = True

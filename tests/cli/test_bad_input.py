@@ -125,6 +125,8 @@ FIELD_ROWS = [
      "needs index_kpool >= 2 (Glm5NextTailCache asserts index_kpool > 1), got 1"),
     ("kpool-on-full", _case(layer={"index_kpool": 4}), "index_kpool 4 is only for kinds 'circular_buffer', 'mla_indexer', "
      "'qsa_compressed_key', 'qsa_key_state', 'dsv4_attention', 'dsv4_indexer', 'dsv4_compressor_state', not 'full'"),
+    ("family-unknown", _case(layer={"family": "kimi_k4"}), "family 'kimi_k4' is not one of kimi_k3"),
+    ("family-wrong-kind", _case(layer={"family": "kimi_k3"}), "family 'kimi_k3' builds kind(s) mla (MultiHeadLatentAttention), not 'full'"),
     ("dsv4-plain-cache", _case(layer={"kind": "dsv4_swa", "backend": "DEEPSEEK_SPARSE_SWA", "num_kv_heads": 1,
                                       "head_size": 512, "sliding_window": 128}),
      "kind 'dsv4_swa' is modeled in the fp8_ds_mla format only (FlashMLA's); cache_dtype 'auto' must be 'fp8_ds_mla'"),
