@@ -400,6 +400,15 @@ BACKENDS: dict[str, BackendInfo] = {
             kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"),
         ),
         BackendInfo(
+            # Qwen4ExpQSAAttention's main cache: a FlashAttention subclass that takes any 16-token multiple (it reads
+            # the manager's pages itself), picked by the layer.
+            "QWEN4_EXP_QSA_TRITON",
+            "models/qwen4_exp/nvidia/qsa.py",
+            (MultipleOf(16),),
+            head_sizes=HeadSizes(multiple_of=8, maximum=256),
+            kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3"),
+        ),
+        BackendInfo(
             "KPOOL_TAIL",
             "v1/attention/backends/mla/indexer.py",
             (MultipleOf(1),),

@@ -75,13 +75,17 @@ for ratio 4, 8 for ratio 128, a window of 8 or 128). Each is built as vLLM's own
 LAYER_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kimi_k3": ("vllm.models.kimi_k3.nvidia.mla", "MultiHeadLatentAttention", ("mla",)),
     "minimax_m3": ("vllm.models.minimax_m3.nvidia.model", "MiniMaxM3SparseAttention", ("full",)),
+    "qwen4_exp": ("vllm.models.qwen4_exp.nvidia.qsa", "Qwen4ExpQSAAttention", ("full",)),
 }
 """A layer's ``family``: the model family whose own layer class builds a layer of a generic kind (its spec is the
 kind's; the class owns its construction and checks) -> (module, class, the kinds it builds). None: vLLM's generic
 layer class of the kind. ``minimax_m3``'s class also builds its lightning indexer's key cache: the case lists that
-``minimax_indexer`` layer, named ``{name}.index_cache``, right before it (the order vLLM registers them in)."""
+``minimax_indexer`` layer, named ``{name}.index_cache``, right before it (the order vLLM registers them in);
+``qwen4_exp``'s (Qwen4-exp's QSA attention) builds its indexer's two side caches: the case lists its
+``qsa_key_state`` ``{prefix}.indexer.raw_key_cache`` and ``qsa_compressed_key`` ``{prefix}.indexer.compressed_key_cache``
+right before it, ``{prefix}.attn``."""
 
-FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE"}
+FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE", "qwen4_exp": "QWEN4_EXP_QSA_TRITON"}
 """Families whose class picks its own backend (no selector): the backend such a layer runs on."""
 
 DSV4_CACHE_DTYPE = "fp8_ds_mla"
@@ -489,6 +493,8 @@ class CaseConfig:
         for index, layer in enumerate(self.layers):
             if layer.mixer is not None:
                 _check_mixer_case(self, layer)
+            if layer.family == "qwen4_exp":
+                _check_qsa_owner(self, index, layer)
             if layer.family == "minimax_m3":
                 if not layer.name.endswith(".attn"):
                     raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' registers its main cache as "
@@ -584,6 +590,23 @@ class CaseConfig:
 
     def with_(self, **changes: Any) -> "CaseConfig":
         return replace(self, **changes)
+
+
+def _check_qsa_owner(case: "CaseConfig", index: int, layer: LayerConfig) -> None:
+    """A ``qwen4_exp`` layer (``Qwen4ExpQSAAttention``) registers its indexer's raw-key ring and compressed keys first,
+    then its main cache: the case lists them in that order, named as the class names them, of one compress ratio."""
+    prefix = layer.name.removesuffix(".attn")
+    expected = ((f"{prefix}.indexer.raw_key_cache", "qsa_key_state"),
+                (f"{prefix}.indexer.compressed_key_cache", "qsa_compressed_key"))
+    before = case.layers[max(index - 2, 0):index]
+    if not layer.name.endswith(".attn") or [(l.name, l.kind) for l in before] != list(expected):
+        raise ConfigError(f"layer {layer.name!r}: family 'qwen4_exp' (Qwen4ExpQSAAttention) is named '{{prefix}}.attn' and "
+                          f"builds its indexer's side caches first: list {expected[0][1]!r} {expected[0][0]!r} and "
+                          f"{expected[1][1]!r} {expected[1][0]!r} right before it")
+    if before[0].index_kpool != before[1].index_kpool or before[0].head_size != before[1].head_size:
+        raise ConfigError(f"layer {layer.name!r}: its indexer's side caches share one compress ratio and index head size "
+                          f"(QSAIndexer), got {before[0].index_kpool}/{before[1].index_kpool} and "
+                          f"{before[0].head_size}/{before[1].head_size}")
 
 
 def _check_mixer_case(case: "CaseConfig", layer: LayerConfig) -> None:

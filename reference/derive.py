@@ -15,7 +15,7 @@ from functools import cached_property
 from reference import backends as bk
 from reference.backends import Packing
 from reference.config import DSV4_KINDS, FAMILY_BACKENDS, QSA_KINDS, CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
-from reference.dtypes import dtype_size, quant_mode, storage_dtype
+from reference.dtypes import canonical_model_dtype, dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import prefill_context_parallel_refusal, scheduler_block_sizes
 from reference.kernel_blocks import select_common_block_size
@@ -317,6 +317,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         )
     if layer.family == "kimi_k3":
         return _kimi_k3_mla_spec(case, layer, common)
+    if layer.family == "qwen4_exp":
+        _check_qsa_attention(case, layer)
     if layer.family == "minimax_m3" and tuple(case.capability)[0] == 10:
         raise NotModeledError(
             "MiniMax M3's sparse attention on SM100: the layer picks its MSA backend where current_platform.is_cuda() "
@@ -339,6 +341,18 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         spec = spec.with_block_size(_sliding_window_block_size(
             backend, spec, case.block_size, case.capability, holds(SLIDING_WINDOW_BLOCK_FROM_PRIMARY, case.vllm_version)))
     return spec
+
+
+def _check_qsa_attention(case: CaseConfig, layer: LayerConfig) -> None:
+    """What ``Qwen4ExpQSAAttention.__init__`` refuses before it builds anything (models/qwen4_exp/nvidia/qsa.py): a
+    model dtype other than bf16, a main cache other than bf16 or fp8 e4m3, context parallelism."""
+    where = "vllm.models.qwen4_exp.nvidia.qsa.Qwen4ExpQSAAttention.__init__"
+    if canonical_model_dtype(case.model_dtype) != "bfloat16":
+        raise StartupError("Qwen4Exp QSA currently requires BF16", where=where)
+    if layer.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3"):
+        raise StartupError("Qwen4Exp QSA requires a BF16 or FP8-e4m3 main KV cache", where=where)
+    if case.prefill_context_parallel_size > 1 or case.decode_context_parallel_size > 1:
+        raise StartupError("Qwen4Exp QSA does not support context parallelism", where=where)
 
 
 def _kimi_k3_mla_spec(case: CaseConfig, layer: LayerConfig, common: dict) -> AttentionSpec:
@@ -484,6 +498,10 @@ def _qsa_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
     speculative config). Their constructor refuses a block size the ratio does not divide."""
     ratio = layer.index_kpool
     assert ratio is not None  # LayerConfig validates it for these kinds
+    owner_name = layer.name.rsplit(".indexer.", 1)[0] + ".attn"
+    owner = next((l for l in case.layers if l.name == owner_name and l.family == "qwen4_exp"), None)
+    if owner is not None:
+        _check_qsa_attention(case, owner)  # its owner refuses first, before it builds its indexer
     where = f"vllm.models.qwen4_exp.common.qsa_cache.{LAYER_OWN_BACKENDS[layer.kind][1]}"
     if case.block_size % ratio:
         raise StartupError("QSA cache block size must be divisible by the compression ratio", where=where)

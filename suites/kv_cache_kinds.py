@@ -213,7 +213,8 @@ INVENTORY: tuple[Coverage, ...] = (
            "backend (128-token kernel blocks) and registers its indexer's key cache first; also the zoo's minimax-m3. "
            "SM100's MSA backend is not modeled (the layer picks it only where current_platform.is_cuda()); an fp8 "
            "index cache is unsupported on CPU (the indexer asks for CUDA fp8)"),
-    _layer("models/qwen4_exp/amd/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/qwen4_exp/amd/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec",
+           why="the ROCm build of Qwen4-exp's QSA attention (its NVIDIA class below is driven); " + _NOT_YET),
     _layer("models/qwen4_exp/common/qsa_cache.py", "QSAKeyStateCache", "CircularBufferSpec", "qsa_key_state",
            "qwen4-qsa-caches-b64", "yes", True,
            "Qwen4-exp's QSA compressor ring (compress_ratio raw bf16 keys, drafts rounded up to whole groups) on its "
@@ -224,7 +225,12 @@ INVENTORY: tuple[Coverage, ...] = (
            "one compressed bf16 key per compress_ratio tokens; a ratio not dividing the block is refused by its "
            "constructor (qwen4-qsa-ratio-refused-b16)"),
     _layer("models/qwen4_exp/nvidia/ple_layer.py", "Qwen4ExpPLELayer", "MambaSpec (via MambaBase)", why=_FAMILY),
-    _layer("models/qwen4_exp/nvidia/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/qwen4_exp/nvidia/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", "full",
+           "qwen4-qsa-own-class-b64", "yes", True,
+           "kind full with family qwen4_exp: Qwen4-exp's QSA layer, which picks its own QWEN4_EXP_QSA_TRITON backend "
+           "(16-token multiples) and builds its indexer's raw-key ring and compressed keys first; its refusals (BF16 "
+           "only, bf16/fp8 main cache, no context parallelism) are predicted (qwen4-qsa-own-class-fp16-refused). Its "
+           "impl's FlashAttention availability check is answered as a GPU would (the compiled kernel cannot load on CPU)"),
     _layer("models/step5/nvidia/csa_tail_ring.py", "Step5CSATailRing", "CircularBufferSpec", why=_FAMILY),
     _layer("models/step5/nvidia/sparse_summary_cache.py", "Step5SparseSummaryCacheLayer", "FullAttentionSpec", why=_FAMILY),
 )

@@ -112,6 +112,26 @@ def deepseek_v4_caches(compress_ratios: Sequence[int], *, sliding_window: int = 
     return tuple(layers)
 
 
+def qwen4_exp_qsa_layers(n: int, *, compress_ratio: int = 4, index_head_size: int = 128, num_kv_heads: int = 2,
+                         head_size: int = 256, cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
+    """Qwen4-exp's QSA layers built as its own ``Qwen4ExpQSAAttention`` (family ``qwen4_exp``): per layer its indexer's
+    raw-key ring and compressed keys, registered first, then the main GQA cache on the layer's own
+    QWEN4_EXP_QSA_TRITON backend, named as the class registers them."""
+    return tuple(
+        layer
+        for i in range(n)
+        for layer in (
+            LayerConfig(f"model.layers.{i}.self_attn.indexer.raw_key_cache", kind="qsa_key_state",
+                        backend=LAYER_OWN_BACKENDS["qsa_key_state"][0], head_size=index_head_size, index_kpool=compress_ratio),
+            LayerConfig(f"model.layers.{i}.self_attn.indexer.compressed_key_cache", kind="qsa_compressed_key",
+                        backend=LAYER_OWN_BACKENDS["qsa_compressed_key"][0], head_size=index_head_size,
+                        index_kpool=compress_ratio),
+            LayerConfig(f"model.layers.{i}.self_attn.attn", backend="QWEN4_EXP_QSA_TRITON", num_kv_heads=num_kv_heads,
+                        head_size=head_size, cache_dtype=cache_dtype, family="qwen4_exp"),
+        )
+    )
+
+
 def attention_with_minimax_indexers(n: int, backend: str, *, index_cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
     """MiniMax M3's layers as far as they are modeled: per layer a GQA attention cache (built as vLLM's
     Attention: MiniMaxM3SparseAttention's own block-sparse impl is not driven) and its lightning
@@ -384,6 +404,24 @@ def _build() -> dict[str, CaseConfig]:
             block_size=64,
             num_blocks=16,
             note="MiniMax M3's own sparse attention at --block-size 64: its backend takes only 128-token kernel blocks.",
+        ),
+        CaseConfig(
+            "qwen4-qsa-own-class-b64",
+            qwen4_exp_qsa_layers(2),
+            block_size=64,
+            num_blocks=16,
+            note="Qwen4-exp's QSA layers built as its own Qwen4ExpQSAAttention: its indexer's 4-token raw-key ring and "
+            "compressed keys (one per 4 tokens), then the 2 x 256 GQA cache on the layer's own QWEN4_EXP_QSA_TRITON "
+            "backend (16-token multiples).",
+        ),
+        CaseConfig(
+            "qwen4-qsa-own-class-fp16-refused",
+            qwen4_exp_qsa_layers(1),
+            block_size=64,
+            num_blocks=16,
+            model_dtype="float16",
+            note="Qwen4-exp's QSA attention with a float16 model: its constructor refuses (BF16 only), before it "
+            "builds its indexer.",
         ),
         CaseConfig(
             "glm5next-kda-hybrid",

@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from gpu_impl.vllm_cpu import shims, spec_facts
 from gpu_impl.vllm_cpu.model_config import ModelConfigStandIn
+from reference.config import LAYER_OWN_BACKENDS
 from gpu_impl.vllm_cpu.registration import RegisteredKV
 
 VLLM_ERRORS = (ValueError, AssertionError, NotImplementedError)
@@ -135,7 +136,11 @@ def vllm_config_for(case) -> Iterator[Any]:
     cc.mamba_cache_dtype = getattr(case, "mamba_cache_dtype", "auto")
     cc.mamba_ssm_cache_dtype = getattr(case, "mamba_ssm_cache_dtype", "auto")
     # The model-wide --kv-cache-dtype: what the target attention layers use.
-    cc.cache_dtype = next((l.cache_dtype for l in case.layers if not l.is_draft and l.kind != "mamba"), "auto")
+    # Side caches that name their own backend (indexer keys, QSA's, DeepSeek V4's) keep dtypes of their own: the
+    # model's attention layers carry --kv-cache-dtype, those caches only where the model has nothing else.
+    targets = [l for l in case.layers if not l.is_draft and l.kind != "mamba"]
+    cc.cache_dtype = next((l.cache_dtype for l in targets if l.kind not in LAYER_OWN_BACKENDS),
+                          next((l.cache_dtype for l in targets), "auto"))
     # vLLM's defaults for a generative model: block hashing for prefix caching on.
     cc.enable_prefix_caching = True
     cc.prefix_match_unit = None

@@ -193,6 +193,8 @@ def _build_layer(layer, cache_config, vc):
     layer_cache = dataclasses.replace(cache_config, cache_dtype=layer.cache_dtype)
     if kind == "full" and layer.family == "minimax_m3":
         return _minimax_m3_sparse_attention(layer, layer_cache, vc)
+    if kind == "full" and layer.family == "qwen4_exp":
+        return _qwen4_exp_qsa_attention(layer, vc)
     if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm", "encoder_only"):
         from vllm.model_executor.layers.attention.attention import Attention
 
@@ -327,6 +329,32 @@ def _minimax_m3_sparse_attention(layer, cache_config, vc):
         sparse_attention_config={"sparse_num_index_heads": total_kv, "sparse_index_dim": index_dim,
                                  "sparse_topk_blocks": 16, "sparse_block_size": 128})
     return cls(config, layer_id=0, prefix=layer.name.removesuffix(".attn"), cache_config=cache_config)
+
+
+def _qwen4_exp_qsa_attention(layer, vc):
+    """Qwen4-exp's own QSA attention layer (models/qwen4_exp/nvidia/qsa.py ``Qwen4ExpQSAAttention``), as its decoder
+    layer builds it: it picks its own backend, builds its QSA indexer, whose raw-key ring and compressed keys it
+    registers first (``{prefix}.indexer.*``), then its main cache (``{prefix}.attn``). Its config carries the case's
+    geometry (KV heads over the TP ranks, head size, the side caches' compress ratio and index head size) and defaults
+    for what the layout does not read; weights stay on meta. Its impl checks that FlashAttention's compiled varlen
+    kernel loads (``is_flash_attn_varlen_func_available``), which on CPU it cannot: answered as a GPU would."""
+    importlib.import_module("vllm.models.qwen4_exp.nvidia.model")  # qsa.py imports back from it
+    qsa = importlib.import_module("vllm.models.qwen4_exp.nvidia.qsa")
+    config_cls = _own_layer_class(layer, "transformers", "Qwen4ExpTextConfig")
+    tp = vc.parallel_config.tensor_parallel_size
+    total_kv = layer.num_kv_heads * tp
+    ratio, index_head = _QSA_INDEXERS[layer.name]
+    config = config_cls()
+    config.update(dict(hidden_size=256, num_attention_heads=Q_HEADS_PER_KV_HEAD * total_kv, num_key_value_heads=total_kv,
+                       head_dim=layer.head_size, indexer_n_heads=16, indexer_kv_heads=1, indexer_head_dim=index_head,
+                       indexer_budget=2048, indexer_compress_ratio=ratio))
+    with shims.attributes_set(qsa, is_flash_attn_varlen_func_available=lambda: True):
+        return qsa.Qwen4ExpQSAAttention(vllm_config=vc, config=config, layer_id=0,
+                                        prefix=layer.name.removesuffix(".attn"))
+
+
+_QSA_INDEXERS: dict[str, tuple[int, int]] = {}
+"""The case's Qwen4-exp QSA layers -> their side caches' (compress ratio, index head size) (set by ``build_layers``)."""
 
 
 _MINIMAX_INDEX_DIMS: dict[str, int] = {}
@@ -484,6 +512,10 @@ def _family_owner(layer, by_name: dict[str, Any]):
         owner = by_name.get(layer.name.removesuffix(".index_cache"))
         if owner is not None and owner.family == "minimax_m3":
             return owner
+    if layer.kind in ("qsa_key_state", "qsa_compressed_key") and ".indexer." in layer.name:
+        owner = by_name.get(layer.name.rsplit(".indexer.", 1)[0] + ".attn")
+        if owner is not None and owner.family == "qwen4_exp":
+            return owner
     return None
 
 
@@ -504,6 +536,11 @@ def build_layers(case, runner: str, vc) -> dict[str, Any]:
         _MINIMAX_INDEX_DIMS.clear()
         _MINIMAX_INDEX_DIMS.update({l.name: by_name[f"{l.name}.index_cache"].head_size
                                     for l in case.layers if l.family == "minimax_m3"})
+        _QSA_INDEXERS.clear()
+        for l in case.layers:
+            if l.family == "qwen4_exp":
+                ring = by_name[l.name.removesuffix(".attn") + ".indexer.raw_key_cache"]
+                _QSA_INDEXERS[l.name] = (ring.index_kpool, ring.head_size)
         for layer in case.layers:
             subs = draft if layer.is_draft else _DraftBase.of(vc)
             owner = _family_owner(layer, by_name)

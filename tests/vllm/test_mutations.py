@@ -611,6 +611,14 @@ MUTATIONS = (
                                        "tensor_placement"}),
     ),
     Mutation(
+        # Qwen4-exp's own QSA attention reporting a cache of half its KV heads.
+        "qwen4-qsa-attention-half-heads", "qwen4-qsa-own-class-b64", "vllm.models.qwen4_exp.nvidia.qsa",
+        "Qwen4ExpQSAAttention", _layer_spec_replaced(num_kv_heads=lambda spec: spec.num_kv_heads // 2),
+        # Half the GQA page in the block-outermost block: its stride, the pool and every later page move.
+        "registered_shape", frozenset({"registered_shape", "bytes_per_block", "registered_offset", "registered_storage",
+                                       "registered_stride", "tensor_placement"}),
+    ),
+    Mutation(
         # An encoder-only layer reporting the decoder's spec: the model would allocate a KV cache it never uses.
         "encoder-only-allocates-kv", "bert-encoder-only-b16",
         "vllm.model_executor.layers.attention.encoder_only_attention", "EncoderOnlyAttention",
@@ -730,7 +738,7 @@ def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, mo
 def test_the_contract_catches_most_mutations() -> None:
     """The figure the README states: mutations caught by the contract alone."""
     caught = [m.id for m in MUTATIONS if m.contract]
-    assert len(caught) == 13 and len(MUTATIONS) == 43, (len(caught), len(MUTATIONS))
+    assert len(caught) == 13 and len(MUTATIONS) == 44, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
