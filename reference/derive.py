@@ -21,7 +21,7 @@ from reference.parallel import prefill_context_parallel_refusal, scheduler_block
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
-from reference.releases import (FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_STATE_PAGE_GROWS,
+from reference.releases import (DSV4_INDEXER_REFUSES_DCP, FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_STATE_PAGE_GROWS,
                                 PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
                                 SLIDING_WINDOW_PACKED_AS_STATE,
                                 STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds)
@@ -803,7 +803,7 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
     if case.decode_context_parallel_size == 1:
         return
     compressed = next((layer for layer in case.layers if layer.kind == "dsv4_indexer"), None)
-    if compressed is not None:
+    if compressed is not None and holds(DSV4_INDEXER_REFUSES_DCP, case.vllm_version):
         # The indexer's metadata builder: each compressed state must live on one DCP rank, so the interleave
         # (--cp-kv-cache-interleave-size, 1 in every case) must cover whole states, and never for DeepSeek V4.
         raise StartupError(
@@ -811,7 +811,7 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
             "--cp-kv-cache-interleave-size to be a multiple of it; DeepSeek-V4 is not supported.",
             where="vllm.v1.attention.backends.mla.indexer.DeepseekV32IndexerMetadataBuilder.__init__",
         )
-    if any(layer.kind in ("sliding_window", "sliding_window_mla") for layer in case.layers):
+    if any(layer.kind in ("sliding_window", "sliding_window_mla", "dsv4_swa") for layer in case.layers):
         raise NotModeledError(
             "sliding-window layers under DCP: vLLM refuses them at admission "
             "(SlidingWindowSpec.max_memory_usage_bytes: 'DCP not support sliding window.'), "

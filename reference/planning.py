@@ -535,6 +535,12 @@ def plan(
     """Size the pool and place every tensor (``get_kv_cache_config_from_groups``)."""
     validate_layout(layout, groups)
     bpb = bytes_per_block(groups, layout)
+    # The memory check sizes each spec's need in pages (max_memory_usage_pages: cdiv(bytes, page)): a page of
+    # 0 bytes divides by zero there, where no stride alignment divided by it first (vLLM 0.30-0.31).
+    for group in groups:
+        for name, spec in _layer_specs(group):
+            if spec.page_size_bytes == 0:
+                raise _zero_page(name, spec, "_check_enough_kv_cache_memory")
     available = num_blocks * bpb if num_blocks is not None else available_memory
     assert available is not None
     # get_kv_cache_configs reserves the null block (block 0) before checking memory.

@@ -529,6 +529,21 @@ HIDDEN_STATE_PAGE_GROWS: tuple[Fact[bool], ...] = (
 """Whether the common page grows to hold one token of the widest hidden-state layer (before: vLLM's
 own page-size assertion fails)."""
 
+DSV4_INDEXER_REFUSES_DCP: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FIRST, False,
+         "vllm/v1/attention/backends/mla/indexer.py in 0.30.0 and 0.31.0: DeepseekV32IndexerMetadataBuilder.__init__ "
+         "has no DCP check for compressed indexers; 0.32.0 has it, but its sliding-window caches are refused first, "
+         "at admission (vllm/v1/kv_cache_interface.py: SlidingWindowSpec.max_memory_usage_bytes: 'DCP not support "
+         "sliding window.'); observed on 0.30.0, 0.31.0 and 0.32.0 (dsv4-dcp2-refused)"),
+    Fact((0, 33, 0), True,
+         "vllm/v1/attention/backends/mla/indexer.py in 0.33.0: DeepseekV32IndexerMetadataBuilder.__init__ raises "
+         "NotImplementedError('DCP with sparse indexer KV compression (compress_ratio=N) requires "
+         "--cp-kv-cache-interleave-size to be a multiple of it; DeepSeek-V4 is not supported.') before any "
+         "sliding-window admission check; observed on 0.33.0 (dsv4-dcp2-refused)"),
+)
+"""Whether DeepSeek V4 under DCP is refused by the sparse indexer's metadata builder (before: by its sliding-window
+caches at admission, which the reference does not model)."""
+
 BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED: tuple[Fact[bool], ...] = (
     Fact(GEN1_FIRST, False,
          "vllm/v1/worker/block_table.py and gpu/block_table.py in 0.19.1 to 0.26.0 (read off their wheels): no "
@@ -618,6 +633,7 @@ GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
     "FlashInfer's builder refuses sliding-window layers on SM90": FLASHINFER_SM90_REFUSES_SLIDING_WINDOW,
     "the common page grows to hold a hidden-state token": HIDDEN_STATE_PAGE_GROWS,
     "a packed sliding-window bucket splits like a state bucket": SLIDING_WINDOW_PACKED_AS_STATE,
+    "the sparse indexer's builder refuses DeepSeek V4 under DCP": DSV4_INDEXER_REFUSES_DCP,
     "MRv1's move_row clears the row it vacates": MRV1_MOVE_ROW_CLEARS_SOURCE,
     "block-table rows span a multiple of 128 tokens": BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED,
     "MRv2 frees a step's request slots in request-id order": MRV2_FREES_SLOTS_IN_ID_ORDER,
@@ -726,6 +742,7 @@ __all__ = [
     "judgement_for",
     "BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED",
     "BLOCK_TABLES_HOLD_KERNEL_IDS",
+    "DSV4_INDEXER_REFUSES_DCP",
     "FLASHINFER_SM90_REFUSES_SLIDING_WINDOW",
     "Fact",
     "GEN1",

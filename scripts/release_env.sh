@@ -36,7 +36,9 @@ LAYOUT_DEPS=(regex cachetools psutil numpy requests tqdm py-cpuinfo transformers
   cbor2 openai-harmony uvloop)
 MODULES=(vllm vllm.config vllm.v1.core.kv_cache_utils vllm.v1.kv_cache_interface vllm.v1.worker.gpu_model_runner
   vllm.v1.worker.block_table vllm.v1.attention.backends.flashinfer vllm.v1.attention.backends.flash_attn
-  vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector)
+  vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector
+  # A family's own layer class (0.30 on; an older release skips it): compressed-tensors, loguru.
+  vllm.models.kimi_k3.nvidia.mla)
 
 pip() { "$venv/bin/python" -m pip --quiet --disable-pip-version-check "$@"; }
 

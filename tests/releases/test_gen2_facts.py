@@ -14,7 +14,7 @@ import pytest
 from conformance.diff import compare
 from conformance.matrix import CONNECTORS
 from reference.config import CaseConfig, LayerConfig
-from reference.releases import (HIDDEN_STATE_PAGE_GROWS, PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
+from reference.releases import (DSV4_INDEXER_REFUSES_DCP, HIDDEN_STATE_PAGE_GROWS, PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
                                 SLIDING_WINDOW_PACKED_AS_STATE, STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE, holds)
 from suites.named_cases import get_case
 from installed_release import installed_version
@@ -27,6 +27,7 @@ CASES_SHOWING = {
     "SLIDING_WINDOW_BLOCK_FROM_PRIMARY": (SLIDING_WINDOW_BLOCK_FROM_PRIMARY, ("swa-hybrid-padded",)),
     "HIDDEN_STATE_PAGE_GROWS": (HIDDEN_STATE_PAGE_GROWS, ("hidden-states-swa-hybrid",)),
     "SLIDING_WINDOW_PACKED_AS_STATE": (SLIDING_WINDOW_PACKED_AS_STATE, ("swa-packed-three-windows-blhnc",)),
+    "DSV4_INDEXER_REFUSES_DCP": (DSV4_INDEXER_REFUSES_DCP, ("dsv4-dcp2-refused",)),
 }
 """Per fact, the cases whose outcome it decides on MRv1 (where both runners differ, MRv1 shows it):
 named cases, or one of ``OWN_CASES``."""
