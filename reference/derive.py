@@ -715,6 +715,7 @@ def _check_metadata_builders(
     ``speculator.set_attn``, which chooses its own: ``draft_kernel_sizes``).
     """
     drafts = {layer.name for layer in case.layers if layer.is_draft}
+    layer_kinds = {layer.name: layer.kind for layer in case.layers}
     per_layer: dict[str, int] = {}
     for gid, group in enumerate(d_plan.groups):
         checked: dict[tuple, int] = {}
@@ -727,6 +728,8 @@ def _check_metadata_builders(
             key = (backend, spec, base)
             if key not in checked:
                 checked[key] = select_common_block_size(base, [_kernel_sizes_of(backend, spec, case)])
+                if layer_kinds[name] == "dsv4_indexer":
+                    _check_indexer_builder(case)
             kbs = per_layer[name] = checked[key]
             if bk.get_backend(backend).power_of_two_builder_blocks and kbs & (kbs - 1):
                 raise StartupError(
@@ -802,16 +805,9 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
     """DCP refusals vLLM makes outside the layout code this reference follows."""
     if case.decode_context_parallel_size == 1:
         return
-    compressed = next((layer for layer in case.layers if layer.kind == "dsv4_indexer"), None)
-    if compressed is not None and holds(DSV4_INDEXER_REFUSES_DCP, case.vllm_version):
-        # The indexer's metadata builder: each compressed state must live on one DCP rank, so the interleave
-        # (--cp-kv-cache-interleave-size, 1 in every case) must cover whole states, and never for DeepSeek V4.
-        raise StartupError(
-            f"DCP with sparse indexer KV compression (compress_ratio={compressed.index_kpool}) requires "
-            "--cp-kv-cache-interleave-size to be a multiple of it; DeepSeek-V4 is not supported.",
-            where="vllm.v1.attention.backends.mla.indexer.DeepseekV32IndexerMetadataBuilder.__init__",
-        )
-    if any(layer.kind in ("sliding_window", "sliding_window_mla", "dsv4_swa") for layer in case.layers):
+    windowed = ("sliding_window", "sliding_window_mla") if _dsv4_indexer_refuses_dcp(case) else (
+        "sliding_window", "sliding_window_mla", "dsv4_swa")
+    if any(layer.kind in windowed for layer in case.layers):
         raise NotModeledError(
             "sliding-window layers under DCP: vLLM refuses them at admission "
             "(SlidingWindowSpec.max_memory_usage_bytes: 'DCP not support sliding window.'), "
@@ -819,6 +815,26 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
         )
     if case.connector is not None:
         raise NotModeledError("KV connectors under DCP are checked by VllmConfig validation, not modeled")
+
+
+def _dsv4_indexer_refuses_dcp(case: CaseConfig) -> bool:
+    return (case.decode_context_parallel_size > 1 and holds(DSV4_INDEXER_REFUSES_DCP, case.vllm_version)
+            and any(layer.kind == "dsv4_indexer" for layer in case.layers))
+
+
+def _check_indexer_builder(case: CaseConfig) -> None:
+    """The sparse indexer's metadata builder under DCP (``DeepseekV32IndexerMetadataBuilder.__init__``, built when
+    its attention group's builders are, after that group's kernel block is chosen): each compressed state must live
+    on one DCP rank, so the interleave (--cp-kv-cache-interleave-size, 1 in every case) must cover whole states, and
+    never for DeepSeek V4."""
+    if not _dsv4_indexer_refuses_dcp(case):
+        return
+    compressed = next(layer for layer in case.layers if layer.kind == "dsv4_indexer")
+    raise StartupError(
+        f"DCP with sparse indexer KV compression (compress_ratio={compressed.index_kpool}) requires "
+        "--cp-kv-cache-interleave-size to be a multiple of it; DeepSeek-V4 is not supported.",
+        where="vllm.v1.attention.backends.mla.indexer.DeepseekV32IndexerMetadataBuilder.__init__",
+    )
 
 
 def _check_prefill_context_parallel(case: CaseConfig, runner: str) -> None:

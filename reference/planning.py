@@ -392,7 +392,9 @@ def _packed_groups(specs: dict[str, LayerSpec], *, sliding_window_as_state: bool
         # kv_cache_planning.is_state_bucket: Mamba and circular buffers go down to one state per group.
         if isinstance(first, MambaSpec) or first.kind is SpecKind.CIRCULAR_BUFFER:
             return True
-        return sliding_window_as_state and repeats is None and first.kind is SpecKind.SLIDING_WINDOW
+        # isinstance(first_spec, SlidingWindowSpec): SlidingWindowMLASpec is one (DeepSeek V4's SWA caches).
+        return sliding_window_as_state and repeats is None and first.kind in (SpecKind.SLIDING_WINDOW,
+                                                                              SpecKind.SLIDING_WINDOW_MLA)
 
     def widest(by_page: dict[int, list[str]], n: int) -> int:
         return sum(-(-len(names) // n) * page for page, names in by_page.items())
