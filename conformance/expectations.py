@@ -9,7 +9,7 @@
     field = "*"                                   # optional glob on Divergence.field ("*"), or a list of globs
     observed = "*"                                # optional glob on what vLLM showed (str(Divergence.observed), "*")
     backend = "FLASHINFER"                        # optional: a backend one of the case's layers runs
-    layout = "LBNHC"                              # optional: the case's requested or resolved layout
+    layout = "LBNHC"                              # optional: the case's requested or resolved layout, or a list
     runner = "mrv1/mrv2"                          # optional: mrv1, mrv2 or mrv1/mrv2 (runner pairs)
     options = ["attention_backend"]               # optional: engine options the case sets
     without = ["speculative_attention_backend"]   # optional: engine options the case leaves unset
@@ -199,7 +199,8 @@ class Expectation:
     """A glob on what vLLM showed (``str(Divergence.observed)``): narrows an entry to one observed value, e.g.
     one exception of vLLM's (``"ZeroDivisionError*"``) rather than any error."""
     backend: str | None = None
-    layout: str | None = None
+    layout: str | tuple[str, ...] | None = None
+    """The case's requested or resolved layout, or several (any may be the case's)."""
     runner: str | None = None
     options: tuple[str, ...] = ()
     without: tuple[str, ...] = ()
@@ -235,8 +236,10 @@ class Expectation:
             return False
         if self.backend is not None and (facts is None or self.backend not in facts.backends):
             return False
-        if self.layout is not None and (facts is None or self.layout not in facts.layouts):
-            return False
+        if self.layout is not None:
+            layouts = (self.layout,) if isinstance(self.layout, str) else self.layout
+            if facts is None or not set(layouts) & set(facts.layouts):
+                return False
         return self.scoped_to(facts)
 
     def scoped_to(self, facts: CaseFacts | None) -> bool:
@@ -304,11 +307,18 @@ def _entry(where: str, raw: Any, backends: Sequence[str]) -> Expectation:
             raise _fail(where, f"backend {backend!r} is not one of {', '.join(backends)}")
         values["backend"] = backend
     if "layout" in raw:
-        layout = _string(where, "layout", raw["layout"])
-        layout = _LAYOUT_ALIASES.get(layout, layout)
-        if layout not in _LAYOUTS:
-            raise _fail(where, f"layout {raw['layout']!r} is not one of {', '.join(_LAYOUTS + tuple(_LAYOUT_ALIASES))}")
-        values["layout"] = layout
+        given = raw["layout"]
+        if isinstance(given, list) and given:
+            names = tuple(_string(where, "layout", one) for one in given)
+        else:
+            names = (_string(where, "layout", given),)
+        layouts = []
+        for name in names:
+            layout = _LAYOUT_ALIASES.get(name, name)
+            if layout not in _LAYOUTS:
+                raise _fail(where, f"layout {name!r} is not one of {', '.join(_LAYOUTS + tuple(_LAYOUT_ALIASES))}")
+            layouts.append(layout)
+        values["layout"] = layouts[0] if len(layouts) == 1 else tuple(layouts)
     if "runner" in raw:
         runner = _string(where, "runner", raw["runner"])
         if runner not in RUNNERS:

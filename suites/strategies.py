@@ -68,7 +68,8 @@ def _parallel(pick: Callable[[Sequence[Any]], Any], family: str) -> tuple[int, i
     Draws the model's totals (KV heads, query heads per KV head) and a TP/DCP size, then
     keeps only what vLLM accepts (``reference.parallel.check_parallel``): a refused DCP
     falls back to 1, a refused TP to 1. Sliding windows never get DCP (vLLM refuses
-    them at admission), and encoder-decoder models keep TP 1 and DCP 1.
+    them at admission; DeepSeek V4's only beside a CSA layer, whose indexer refuses DCP first),
+    and encoder-decoder models keep TP 1 and DCP 1.
     """
     total_kv = pick((1, 2, 4, 8))
     q_per_kv = pick((1, 2, 4, 8))
@@ -218,6 +219,10 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
 
         ratios = tuple(pick((4, 128, 0)) for _ in range(n))
         layers = list(deepseek_v4_caches(ratios, sliding_window=pick((128, 64))))
+        if 4 not in ratios:
+            # Its SWA caches under DCP are refused at admission (not modeled); only a CSA layer's indexer builder
+            # refuses DCP first (0.33).
+            dcp = 1
         block_size = pick((256, block_size))
     elif family == "encoder_only":
         # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).

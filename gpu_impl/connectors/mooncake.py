@@ -111,7 +111,12 @@ class MooncakeAdapter(TransferWorkerAdapter):
         if exact:
             return exact
         storage = t.untyped_storage().data_ptr()
-        return [i for i, b in enumerate(w.kv_caches_base_addr) if b == storage]
+        at_storage = [i for i, b in enumerate(w.kv_caches_base_addr) if b == storage]
+        # A packed row folded into a sibling's region (register_kv_caches dedupes by (base, block stride,
+        # kv_block_len)): that sibling's region, not every region that happens to start at the allocation.
+        folded = [i for i in at_storage if (n := w.registered_layer_names[i]) in self.caches
+                  and self.caches[n].shape == t.shape and self.caches[n].stride() == t.stride()]
+        return folded or at_storage
 
     def descriptors(self, layer: str, block_id: int) -> Ranges:
         w = self.worker

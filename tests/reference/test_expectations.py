@@ -234,6 +234,9 @@ FI_FACTS = {"flashinfer-b128-k64": CaseFacts(frozenset({"FLASHINFER"}), frozense
         ({"kind": '"kernel_block_size"', "backend": '"FLASH_ATTN"'}, _div(), False),
         ({"kind": '"kernel_block_size"', "layout": '"LBNHC"'}, _div(), True),
         ({"kind": '"kernel_block_size"', "layout": '"LBHNC"'}, _div(), False),
+        # a list of layouts: the case's may be any of them
+        ({"kind": '"kernel_block_size"', "layout": '["BLHNC", "LBNHC"]'}, _div(), True),
+        ({"kind": '"kernel_block_size"', "layout": '["BLHNC", "LBHNC"]'}, _div(), False),
         ({"kind": '"kernel_block_size"', "backend": '"FLASHINFER"'}, _div(case="unknown-case"), False),  # no facts
         ({"kind": '"mrv1_mrv2_mismatch"', "runner": '"mrv1/mrv2"'}, _div(kind="mrv1_mrv2_mismatch", runner="mrv1/mrv2"), True),
         # observed: a glob on what vLLM showed (here [128]), e.g. one exception of vLLM's rather than any error
