@@ -361,8 +361,8 @@ def _packed_groups(specs: dict[str, LayerSpec], *, sliding_window_as_state: bool
 
     Layers are bucketed greedily by uniform type; balanced buckets (equal layer counts per
     page size) split into groups of the same number of pattern repeats; state buckets
-    (Mamba, or sliding windows when nothing repeats, unless ``sliding_window_as_state`` is
-    False: 0.29) split to fit the widest block.
+    (Mamba; circular buffers and sliding windows when nothing repeats, unless
+    ``sliding_window_as_state`` is False: 0.29 caps Mamba alone) split to fit the widest block.
     """
     buckets: list[dict[str, LayerSpec]] = []
     for name, spec in specs.items():
@@ -390,11 +390,14 @@ def _packed_groups(specs: dict[str, LayerSpec], *, sliding_window_as_state: bool
     def is_state(bucket: dict[str, LayerSpec]) -> bool:
         first = next(iter(bucket.values()))
         # kv_cache_planning.is_state_bucket: Mamba and circular buffers go down to one state per group.
-        if isinstance(first, MambaSpec) or first.kind is SpecKind.CIRCULAR_BUFFER:
+        if isinstance(first, MambaSpec):
+            return True
+        if not sliding_window_as_state:
+            return False  # 0.29 caps only a Mamba bucket ("isinstance(spec.first_spec, MambaSpec)")
+        if first.kind is SpecKind.CIRCULAR_BUFFER:
             return True
         # isinstance(first_spec, SlidingWindowSpec): SlidingWindowMLASpec is one (DeepSeek V4's SWA caches).
-        return sliding_window_as_state and repeats is None and first.kind in (SpecKind.SLIDING_WINDOW,
-                                                                              SpecKind.SLIDING_WINDOW_MLA)
+        return repeats is None and first.kind in (SpecKind.SLIDING_WINDOW, SpecKind.SLIDING_WINDOW_MLA)
 
     def widest(by_page: dict[int, list[str]], n: int) -> int:
         return sum(-(-len(names) // n) * page for page, names in by_page.items())
