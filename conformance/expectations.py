@@ -308,10 +308,9 @@ def _entry(where: str, raw: Any, backends: Sequence[str]) -> Expectation:
         values["backend"] = backend
     if "layout" in raw:
         given = raw["layout"]
-        if isinstance(given, list) and given:
-            names = tuple(_string(where, "layout", one) for one in given)
-        else:
-            names = (_string(where, "layout", given),)
+        names = given if isinstance(given, list) else [given]
+        if not names or not all(isinstance(name, str) and name.strip() for name in names):
+            raise _fail(where, f"layout {given!r} must be a layout name or a non-empty list of them")
         layouts = []
         for name in names:
             layout = _LAYOUT_ALIASES.get(name, name)

@@ -491,7 +491,7 @@ def _mark_known_failures(report: ConnectorReport, name: str, expectations: Seque
     version = installed_vllm_version()
     # A failure is reported only where vLLM registered the reference's views (else "views differ"), so the
     # layout vLLM resolved is the derivation's: an entry scoped to a layout matches a case that leaves it to vLLM.
-    facts = {case: case_facts(CASES[case], [_resolved_layout(CASES[case], runner)])
+    facts = {case: _with_resolved_layout(case_facts(CASES[case]), CASES[case], runner)
              for case, runner in failures if case in CASES}
     matched = {(m.divergence.case, m.divergence.runner): m.expectation.id
                for m in classify(failures.values(), {"vllm": version, "cases": facts}, expectations).expected}
@@ -499,17 +499,16 @@ def _mark_known_failures(report: ConnectorReport, name: str, expectations: Seque
                       for r in report.results]
 
 
-def _resolved_layout(case: Any, runner: str) -> Any:
-    """An object with the ``layout`` the derivation resolved (None where the reference refuses the case)."""
-    from types import SimpleNamespace
-
+def _with_resolved_layout(facts: Any, case: Any, runner: str) -> Any:
+    """``facts`` with the layout the derivation resolved added (unchanged where the reference refuses the case)."""
     from reference.derive import derive
     from reference.errors import ReferenceError_
 
     try:
-        return SimpleNamespace(layout=derive(case, runner).layout.name, layer_backends={})
+        layout = derive(case, runner).layout.name
     except ReferenceError_:
-        return None
+        return facts
+    return dataclasses.replace(facts, layouts=facts.layouts | {layout})
 
 
 __all__ = ["CAUSES", "STATUSES", "TENSOR_SOURCES", "CaseResult", "ConnectorFinding", "ConnectorReport", "build_kv_caches",

@@ -99,3 +99,18 @@ def test_check_all_writes_one_connector_report(tmp_path) -> None:
     md = (tmp_path / "c.md").read_text()
     assert "| DecodeBenchConnector |" in md and "## Not driven" in md and "MultiConnector" in md
     assert (tmp_path / "c.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_layouts_left_to_vllm_and_folded_rows() -> None:
+    """Qwen4-exp's own QSA class leaves the layout to vLLM, which resolves BLNHC: NIXL's known block-outermost
+    block_len bug (an expectation scoped to BLHNC and BLNHC) must match it through the resolved layout, not the
+    requested one. Mooncake folds the two attention layers' packed rows into one region; the adapter must read
+    the folded layer's region, not every region that starts at the allocation."""
+    from conformance.connectors import validate_registration
+
+    case = "qwen4-qsa-own-class-b64"
+    nixl = validate_registration(NIXL, cases=[case], runners=("mrv1",))
+    (result,) = nixl.results
+    assert result.status == "failure" and result.expected_by == "nixl-blhnc-hybrid-group-block-len", nixl.format()
+    mooncake = validate_registration("gpu_impl.connectors.mooncake:MooncakeAdapter", cases=[case], runners=("mrv1",))
+    assert mooncake.passed_cases == [case], mooncake.format()

@@ -182,6 +182,9 @@ def test_malformed_version_ranges(spec: str, message: str) -> None:
         (_entry(case="[1, 2]"), "expectation 1 (id 'e1'): case [1, 2] must be a non-empty string"),
         (_entry(backend='"FLASHINFERR"'), "expectation 1 (id 'e1'): backend 'FLASHINFERR' is not one of "),
         (_entry(layout='"LBNCH"'), "expectation 1 (id 'e1'): layout 'LBNCH' is not one of LBHNC, LBNHC, LHBNC, BLHNC, BLNHC, BHLNC, NHD, HND"),
+        (_entry(layout='["BLHNC", "LBNCH"]'), "expectation 1 (id 'e1'): layout 'LBNCH' is not one of LBHNC, LBNHC, LHBNC, BLHNC, BLNHC, BHLNC, NHD, HND"),
+        (_entry(layout='[]'), "expectation 1 (id 'e1'): layout [] must be a layout name or a non-empty list of them"),
+        (_entry(layout='["BLHNC", 3]'), "expectation 1 (id 'e1'): layout ['BLHNC', 3] must be a layout name or a non-empty list of them"),
         (_entry(runner='"mrv3"'), "expectation 1 (id 'e1'): runner 'mrv3' is not one of mrv1, mrv2, mrv1/mrv2"),
         (
             _entry(kind='"mrv1_mrv2_mismatch"', runner='"mrv2"'),
