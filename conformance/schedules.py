@@ -49,7 +49,7 @@ PCP_SCHEDULES_NOT_MODELED = ("prefill context parallelism: MRv2 partitions each 
 
 def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
     """``count`` schedules for ``case`` (none when ``count`` is 0 or no schedule fits)."""
-    from reference.block_tables.scenarios import case_groups
+    from reference.block_tables.scenarios import MAX_NUM_ENCODER_INPUT_TOKENS, case_groups
     from suites.block_table_scenarios import case_scenarios
 
     if count <= 0:
@@ -75,7 +75,8 @@ def plan_schedules(case: CaseConfig, seed: int, count: int) -> SchedulePlan:
     if isinstance(groups, str):
         return SchedulePlan(skipped=groups, seed=seed)
     scenarios = case_scenarios(case.name, groups, max_model_len=case.max_model_len,
-                               dcp_world=case.decode_context_parallel_size, seed=seed, count=count)
+                               dcp_world=case.decode_context_parallel_size, seed=seed, count=count,
+                               max_encoder_len=MAX_NUM_ENCODER_INPUT_TOKENS)
     draft = _draft_steps(case, first, groups)
     if draft is not None:
         scenarios = [dict(sc, draft=draft) for sc in scenarios]
@@ -112,7 +113,7 @@ def _kernel_ids(case: CaseConfig, derivations: dict[str, Any], groups: list[dict
             out[runner] = None
             continue
         kernels = derivations.get(runner, fallback).kernel_block_sizes
-        out[runner] = [group["block_size"] // kernels[g] if group["kind"] == "attention" and kernels[g] else 1
+        out[runner] = [group["block_size"] // kernels[g] if group["kind"] in ("attention", "cross") and kernels[g] else 1
                        for g, group in enumerate(groups)]
     return out
 
@@ -175,6 +176,14 @@ def schedule_summary(plan: SchedulePlan | None, observation: Any) -> dict[str, A
     not_drafted = sorted({step["draft_steps_unsupported"] for s in ran for step in s["steps"] if "draft_steps_unsupported" in step})
     if not_drafted:
         summary["draft_steps_not_run"] = "; ".join(not_drafted)
+    crossed = sum(1 for s in ran for step in s["steps"] for entry in step.get("cross_slot_mappings") or ()
+                  if entry["slot_mapping"])
+    if crossed:
+        summary["cross_slot_mappings"] = crossed  # steps' encoder K/V writes through a cross-attention builder
+    not_crossed = sorted({step["cross_slot_mappings_unsupported"] for s in ran for step in s["steps"]
+                          if "cross_slot_mappings_unsupported" in step})
+    if not_crossed:
+        summary["cross_slot_mappings_not_run"] = "; ".join(not_crossed)
     if reasons:
         summary["not_run"] = "; ".join(reasons)
     return summary

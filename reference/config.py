@@ -654,7 +654,13 @@ GROUP_KINDS: dict[str, dict[str, Any]] = {
     "mamba": {"mrv1_slot_mapping": "none", "mrv2_slot_mapping": True, "token_alignment": None, "dcp_sharded": False},
     "circular": {"mrv1_slot_mapping": "token", "mrv2_slot_mapping": False, "token_alignment": None,
                  "dcp_sharded": True},
+    # CrossAttentionSpec: an attention table whose blocks hold a request's encoder tokens,
+    # allocated once when its encoder inputs are scheduled (CrossAttentionManager).
+    "cross": {"mrv1_slot_mapping": "token", "mrv2_slot_mapping": True, "token_alignment": 128, "dcp_sharded": True},
 }
+
+MAX_ENCODER_LEN = 1 << 20
+"""The longest encoder input a scenario may give a request (``encoder_lens``)."""
 
 OP_ARITY = {"add": 3, "append": 3, "remove": 2, "preempt": 2, "move": 3, "swap": 3}
 
@@ -697,8 +703,11 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
                                                          # which slot a request takes is not compared)
          "widths_token_aligned": bool,                   # default true; false: vLLM < 0.27 (no
                                                          # get_block_table_width: rows unaligned)
-         "mrv1_widths_block_aligned": bool}              # default false; true: vLLM 0.21-0.26 (MRv1
+         "mrv1_widths_block_aligned": bool,              # default false; true: vLLM 0.21-0.26 (MRv1
                                                          # rows to a multiple of 128 // B blocks)
+         "encoder_lens": {req: n, ...}}                  # default {}: each request's encoder input
+                                                         # tokens (required for every request when a
+                                                         # group is "cross": its blocks hold them)
     """
     if not isinstance(scenario, Mapping):
         raise ScenarioError(f"scenario {scenario!r} is not a JSON object")
@@ -714,6 +723,7 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
     sc["steps"] = [_normalize_step(s, len(sc["groups"])) for s in sc["steps"]]
     sc["draft"] = _normalize_draft(sc.get("draft"), sc["groups"])
     sc["kernel_ids"] = _normalize_kernel_ids(sc.get("kernel_ids"), len(sc["groups"]))
+    sc["encoder_lens"] = _normalize_encoder_lens(sc.get("encoder_lens"), sc)
     sc.setdefault("mrv1_widths_block_aligned", False)
     for flag in ("mrv1_move_clears_source", "mrv2_frees_in_id_order", "widths_token_aligned", "mrv1_widths_block_aligned"):
         sc.setdefault(flag, True)
@@ -723,6 +733,27 @@ def normalize_scenario(scenario: Mapping[str, Any]) -> Scenario:
 
 
 SCENARIO_RUNNERS = ("mrv1", "mrv2")
+
+
+def _normalize_encoder_lens(value: Any, sc: Mapping[str, Any]) -> dict[str, int]:
+    """Each request's encoder input tokens (what its cross-attention blocks hold): a positive
+    integer per request id, one for every added request when a group is ``cross``."""
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"encoder_lens {value!r} is not an object mapping request ids to encoder lengths")
+    out: dict[str, int] = {}
+    for req, n in value.items():
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ENCODER_LEN:
+            raise ScenarioError(f"encoder_lens[{req!r}] {n!r} is not an integer in [1, {MAX_ENCODER_LEN}]")
+        out[str(req)] = n
+    if any(g["kind"] == "cross" for g in sc["groups"]):
+        for step in sc["steps"]:
+            for op in step["ops"]:
+                if op[0] == "add" and op[1] not in out:
+                    raise ScenarioError(f"request {op[1]!r} has no encoder_lens entry; expected one for every request "
+                                        f"of a scenario with a cross-attention group")
+    return out
 
 
 def _normalize_kernel_ids(value: Any, num_groups: int) -> dict[str, list[int] | None]:

@@ -42,9 +42,14 @@ class _Schedule:
     """
 
     def __init__(self, rng: random.Random, groups: list[dict[str, Any]], dcp_world: int, max_model_len: int,
-                 max_num_reqs: int, token_budget: int, features: set[str]) -> None:
+                 max_num_reqs: int, token_budget: int, features: set[str], max_encoder_len: int = 0) -> None:
         self.rng, self.groups, self.W, self.L = rng, groups, dcp_world, max_model_len
         self.max_num_reqs, self.budget, self.features = max_num_reqs, token_budget, features
+        # Encoder-decoder schedules: each request's encoder input tokens, which its cross-attention
+        # blocks hold from its first step (no prefix caching: every request starts at token 0).
+        self.cross = any(g["kind"] == "cross" for g in groups)
+        self.max_encoder_len = max_encoder_len
+        self.encoder_lens: dict[str, int] = {}
         self.rows: list[str | None] = [None] * max_num_reqs
         self.computed: dict[str, int] = {}
         self.target: dict[str, int] = {}
@@ -59,10 +64,14 @@ class _Schedule:
         sharded = grp.get("dcp_sharded", grp["kind"] != "mamba")
         return grp["block_size"] * (self.W if sharded else 1)
 
-    def _needed(self, g: int, tokens: int) -> int:
+    def _needed(self, g: int, tokens: int, req: str = "") -> int:
         grp = self.groups[g]
         if grp["kind"] == "mamba":
             return 1
+        if grp["kind"] == "cross":
+            # One static allocation for the encoder tokens, whatever the decoder has reached
+            # (KVCacheCoordinator.get_num_blocks_to_allocate: CrossAttentionManager).
+            return _cdiv(self.encoder_lens[req], grp["block_size"])
         if grp["kind"] == "circular":
             # A ring is one block per request however long it runs (CircularBufferManager).
             return min(_cdiv(tokens, self._tokens_per_block(g)), grp["max_num_blocks"])
@@ -110,6 +119,13 @@ class _Schedule:
             self.target[req] = self.rng.randint(self.L // 4, self.L)
             # A prefix-cache hit: the request arrives with computed tokens and their blocks.
             start = self.rng.choice([0, 0, self.rng.randint(1, self.target[req] - 1)])
+            if self.cross:
+                start = 0  # encoder-decoder models run without prefix caching
+                # Mostly short inputs (the slot mappings stay small), now and then up to the
+                # encoder budget (Whisper's 1500 frames at the default 2048).
+                longest = max(1, self.max_encoder_len)
+                self.encoder_lens[req] = self.rng.choice([self.rng.randint(1, min(64, longest)),
+                                                          self.rng.randint(1, longest)])
         self.computed[req] = start
         return req, start
 
@@ -133,13 +149,13 @@ class _Schedule:
             req, start = admitted
             chunks[req] = self._chunk(req, budget)
             budget -= chunks[req]
-            ids = [self._new_ids(g, self._needed(g, start + chunks[req])) for g in range(len(self.groups))]
+            ids = [self._new_ids(g, self._needed(g, start + chunks[req], req)) for g in range(len(self.groups))]
             self.nblocks[req] = [len(x) for x in ids]
             ops.append(["add", req, ids])
             self.rows[self.rows.index(None)] = req
         for req in live:
             total = self.computed[req] + chunks[req]
-            need = [self._needed(g, total) - self.nblocks[req][g] for g in range(len(self.groups))]
+            need = [self._needed(g, total, req) - self.nblocks[req][g] for g in range(len(self.groups))]
             if any(n > 0 for n in need):
                 ids = [self._new_ids(g, max(n, 0)) for g, n in enumerate(need)]
                 self.nblocks[req] = [a + len(b) for a, b in zip(self.nblocks[req], ids)]
@@ -181,8 +197,9 @@ class _Schedule:
 
 def make_scenario(name: str, seed: int, groups: list[dict[str, Any]], *, dcp: Sequence[int] = (1, 0, 1),
                   max_model_len: int = 1024, num_steps: int = 4, max_num_reqs: int = 4,
-                  features: Sequence[str] = ("preempt", "swap", "pad")) -> dict[str, Any]:
-    """A seeded random schedule over ``groups`` (max_num_blocks filled in from max_model_len)."""
+                  features: Sequence[str] = ("preempt", "swap", "pad"), max_encoder_len: int = 0) -> dict[str, Any]:
+    """A seeded random schedule over ``groups`` (max_num_blocks filled in from max_model_len;
+    a ``cross`` group's requests get encoder inputs of up to ``max_encoder_len`` tokens)."""
     rng = random.Random(seed)
     W = dcp[0]
     groups = [dict(g) for g in groups]
@@ -191,10 +208,13 @@ def make_scenario(name: str, seed: int, groups: list[dict[str, Any]], *, dcp: Se
             sharded = g.get("dcp_sharded", True)
             g.setdefault("max_num_blocks", _cdiv(max_model_len, g["block_size"] * (W if sharded else 1)))
     budget = 96
-    sim = _Schedule(rng, groups, W, max_model_len, max_num_reqs, budget, set(features))
+    sim = _Schedule(rng, groups, W, max_model_len, max_num_reqs, budget, set(features), max_encoder_len)
     steps = [sim.step() for _ in range(num_steps)]
-    return {"name": name, "seed": seed, "max_num_reqs": max_num_reqs, "max_num_batched_tokens": budget + 16,
-            "dcp": list(dcp), "groups": groups, "steps": steps}
+    out = {"name": name, "seed": seed, "max_num_reqs": max_num_reqs, "max_num_batched_tokens": budget + 16,
+           "dcp": list(dcp), "groups": groups, "steps": steps}
+    if sim.encoder_lens:
+        out["encoder_lens"] = dict(sim.encoder_lens)
+    return out
 
 
 def sample_scenarios(seed: int, count: int) -> list[dict[str, Any]]:
@@ -240,7 +260,7 @@ condensing all happen within four steps of ``make_scenario``'s scheduler."""
 
 
 def case_scenarios(case_name: str, groups: list[dict[str, Any]], *, max_model_len: int, dcp_world: int,
-                   seed: int, count: int) -> list[dict[str, Any]]:
+                   seed: int, count: int, max_encoder_len: int = 0) -> list[dict[str, Any]]:
     """``count`` seeded schedules over a case's KV cache groups (``reference.block_tables.
     scenarios.case_groups``), for its runners' own block tables (DCP rank 0, interleave 1:
     what the CPU driver's runners are). Seeded by ``seed`` and the case name, so a case's
@@ -254,7 +274,7 @@ def case_scenarios(case_name: str, groups: list[dict[str, Any]], *, max_model_le
     longest = min([max_model_len] + [g["block_size"] for g in groups if g["kind"] == "mamba"])
     return [
         make_scenario(f"{case_name}#s{seed}.{i}", (base + 7919 * i) % 2**31, groups, dcp=(dcp_world, 0, 1),
-                      max_model_len=longest, num_steps=CASE_SCHEDULE_STEPS)
+                      max_model_len=longest, num_steps=CASE_SCHEDULE_STEPS, max_encoder_len=max_encoder_len)
         for i in range(count)
     ]
 

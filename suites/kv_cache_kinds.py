@@ -89,8 +89,10 @@ INVENTORY: tuple[Coverage, ...] = (
     _spec("ChunkedLocalAttentionSpec", "Llama-4 chunked local attention", "chunked_local", "chunked-local-hybrid-b64",
           "yes", True),
     _spec("SinkFullAttentionSpec", "full attention with static sink tokens", "sink_full", "sink-fa-b16", "yes", True),
-    _spec("CrossAttentionSpec", "encoder-decoder cross attention", "cross", "enc-dec-cross-b16", "yes", False,
-          "no request schedules: its block table is sized by encoder inputs; " + _NOT_YET),
+    _spec("CrossAttentionSpec", "encoder-decoder cross attention", "cross", "enc-dec-cross-b16", "yes", True,
+          "schedules give each request an encoder input (its blocks allocated once, every row sized for the "
+          "2048-token encoder budget too); the cross builder's own slots at a request's first step are judged. "
+          "Under DCP not modeled yet (its slot mapping is not DCP-aware)"),
     _spec("EncoderOnlyAttentionSpec", "encoder-only attention (no paged KV)", "encoder_only", "bert-encoder-only-b16",
           "yes", False,
           "no KV cache: the runners build this spec themselves for the layers' metadata builders (MRv1's "
@@ -122,7 +124,8 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("model_executor/layers/attention/chunked_local_attention.py", "ChunkedLocalAttention",
            "ChunkedLocalAttentionSpec", "chunked_local", "chunked-local-hma-off", "yes", True),
     _layer("model_executor/layers/attention/cross_attention.py", "CrossAttention", "CrossAttentionSpec", "cross",
-           "enc-dec-cross-b16", "yes", False, "no request schedules: sized by encoder inputs; " + _NOT_YET),
+           "enc-dec-cross-b16", "yes", True, "its CrossAttentionBuilder.build and _get_cross_slot_mapping run on each "
+           "step (the backend's own build stood in): the encoder K/V slots, from the runner's own encoder seq lens"),
     _layer("model_executor/layers/attention/encoder_only_attention.py", "EncoderOnlyAttention", "None (no KV cache)",
            "encoder_only", "bert-encoder-only-b16", "yes", False,
            "an attention-free model: no group, no tensor, one block of nothing; FlashInfer and the MLA backends "

@@ -22,9 +22,10 @@ KINDS = (
          "table widths, which row/slot each request holds, its valid logical block ids, the tables "
          "handed to attention (padded rows included) and each attention group's kernel-block "
          "expansion of them, or where the runner failed."),
-    Kind("slot_mapping", "the same schedules' slot mappings (``[:num_tokens_padded]``), and those the "
+    Kind("slot_mapping", "the same schedules' slot mappings (``[:num_tokens_padded]``), those the "
                          "drafter (MRv1) or speculator (MRv2) computes itself for its draft steps after each "
-                         "forward (their group, positions and slots)."),
+                         "forward (their group, positions and slots), and the slots a cross-attention group's "
+                         "builder writes each request's encoder K/V to at its first step."),
 )
 
 
@@ -123,6 +124,17 @@ def compare_schedule(
                 c.cmp("block_table", label + ("" if i is None else f" row {i}{part}"), a, b)
         for g, (a, b) in enumerate(zip(ref["slot_mappings"], got["slot_mappings"])):
             c.cmp("slot_mapping", f"{where} slot_mappings[g={g}]", list(a), list(b))
+        if "cross_slot_mappings_unsupported" not in got:
+            predicted_cross = ref.get("cross_slot_mappings") or []
+            for entry in got.get("cross_slot_mappings", ()):
+                g = entry["group"]
+                if g < len(predicted_cross) and predicted_cross[g] is not None:
+                    c.cmp("slot_mapping", f"{where} cross_slot_mapping[g={g}, {entry['layers'][0]}]",
+                          list(predicted_cross[g]), list(entry["slot_mapping"]))
+            observed_groups = {entry["group"] for entry in got.get("cross_slot_mappings", ())}
+            for g, slots in enumerate(predicted_cross):
+                if slots is not None and g not in observed_groups:
+                    c.cmp("slot_mapping", f"{where} cross_slot_mapping[g={g}]", list(slots), "(no cross-attention builder)")
         if "draft_steps" in got and "draft_steps" in ref:  # a driver that cannot run draft steps reports none
             predicted_drafts, observed_drafts = ref["draft_steps"], got["draft_steps"]
             c.cmp("slot_mapping", f"{where} draft steps run", len(predicted_drafts), len(observed_drafts))

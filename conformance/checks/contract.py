@@ -58,7 +58,9 @@ KINDS = (
          "in the same schedules, a token's slot is not its own block and offset: block id "
          "``ids[p // B]`` of the row the runner holds for its request, offset ``p % B`` (under DCP, "
          "the token's virtual block and local offset on its rank, PAD on the others), including the "
-         "tokens of the draft steps the MRv1 drafter and the MRv2 speculator address themselves: contract."),
+         "tokens of the draft steps the MRv1 drafter and the MRv2 speculator address themselves, and a "
+         "request's encoder tokens, which a cross-attention builder writes at its first step to its own "
+         "cross-attention blocks at offsets 0, 1, ...: contract."),
     Kind("bound_view",
          "a layer computes with bytes outside the view registered for it, or with the same shape "
          "but other strides, offset or dtype (a connector and the kernels would disagree on where a "
@@ -447,7 +449,41 @@ def judge_schedules(c: Collector, scenarios: Sequence[Mapping[str, Any]], observ
                             c.cmp("slot_address", f"{where} slot_mappings[g={g}] token {t} (request {req}, position {p})",
                                   want, slots[t])
                         t += 1
+            _check_cross_slots(c, where, scenario, step, seen, groups, per_block)
             _check_draft_slots(c, where, scenario, step, seen, groups, dcp, per_block)
+
+
+def _check_cross_slots(c: Collector, where: str, scenario: Mapping[str, Any], step: Mapping[str, Any],
+                       seen: Mapping[str, Any], groups: Sequence[Any], per_block: Sequence[int]) -> None:
+    """A cross-attention builder's slots: at a request's first step (no computed tokens) each of
+    its encoder tokens ``i`` goes to its own cross-attention blocks at offset ``i``, requests in
+    batch order; no other request writes any. Neither the decoder's positions nor DCP play a part."""
+    lens = scenario.get("encoder_lens") or {}
+    blocks = seen.get("blocks") or {}
+    for entry in seen.get("cross_slot_mappings", ()):
+        g, slots = entry["group"], list(entry["slot_mapping"])
+        if g >= len(groups):
+            continue
+        label = f"{where} cross_slot_mapping[g={g}, {entry['layers'][0]}]"
+        t = 0
+        for req, positions in step["batch"]:
+            if not positions or positions[0] != 0 or req not in lens:
+                continue
+            ids = (blocks.get(req) or [])[g] if g < len(blocks.get(req) or ()) else None
+            for i in range(lens[req]):
+                want = None if ids is None else _own_slot(ids, i, groups[g].block_size, (1, 0, 1), per_block[g])
+                if t >= len(slots):
+                    break
+                if want is None:
+                    c.cmp("slot_address", f"{label} token {t} (request {req}, encoder token {i})",
+                          "a block of the request's row", "no block in the row")
+                    return
+                if slots[t] != want:
+                    c.cmp("slot_address", f"{label} token {t} (request {req}, encoder token {i})", want, slots[t])
+                    return
+                t += 1
+        if t != len(slots):
+            c.cmp("slot_address", f"{label} encoder tokens written", t, len(slots))
 
 
 def _check_draft_slots(c: Collector, where: str, scenario: Mapping[str, Any], step: Mapping[str, Any],

@@ -30,9 +30,10 @@ why and nothing is run. Nothing here imports the reference beyond the case descr
 
 from __future__ import annotations
 
+import contextlib
 import os
 from types import SimpleNamespace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from gpu_impl.vllm_cpu.block_tables import NULL_BLOCK_ID, TRITON_CPU_ENV, _tolist, observe_tables
 from reference.config import ScenarioError, first_positions, last_positions, normalize_scenario, step_token_layout
@@ -95,6 +96,73 @@ def _kernel_tables(entries: Sequence[tuple[int, str, Any]], tables: Sequence[Any
     return out
 
 
+def _cross_entries(entries: Sequence[tuple[int, str, Any]]) -> list[tuple[int, str, Any]]:
+    """The attention groups of cross-attention layers (their spec a ``CrossAttentionSpec``)."""
+    try:
+        from vllm.v1.kv_cache_interface import CrossAttentionSpec
+    except ImportError:
+        return []
+    return [e for e in entries if isinstance(getattr(e[2], "kv_cache_spec", None), CrossAttentionSpec)]
+
+
+def _encoder_features(req: str, encoder_lens: Mapping[str, int]) -> list[Any]:
+    """A request's encoder input as the scheduler hands it to the runners: one
+    ``MultiModalFeatureSpec`` whose placeholder holds its encoder tokens (as Whisper's audio)."""
+    if req not in encoder_lens:
+        return []
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    return [MultiModalFeatureSpec(data=None, modality="audio", identifier=f"{req}-encoder",
+                                  mm_position=PlaceholderRange(offset=0, length=int(encoder_lens[req])))]
+
+
+@contextlib.contextmanager
+def _underlying_build_stood_in(builder) -> Iterator[None]:
+    """``CrossAttentionBuilder.build`` ends in its backend's own ``build``, which needs device
+    metadata this driver does not have: that call alone returns an empty metadata object, so
+    the cross builder's own masking and ``_get_cross_slot_mapping`` run as they are."""
+    base = type(builder).__mro__[1]
+    saved = base.__dict__.get("build")
+    base.build = lambda self, common_prefix_len, common_attn_metadata, fast_build=False: SimpleNamespace()
+    try:
+        yield
+    finally:
+        if saved is None:
+            del base.build
+        else:
+            base.build = saved
+
+
+def _cross_slot_mappings(cross: Sequence[tuple[int, str, Any]], kernel_tables: Sequence[Mapping[str, Any]],
+                         step: Mapping[str, Any], encoder_seq_lens: Mapping[int, tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """Each cross-attention group's slots for this step, from its own builder's ``build``
+    (``cross_attention.py``): the common metadata the runner hands it (query start locations, the
+    seq lens' upper bound, the runner's own encoder seq lens for the group, the group's kernel
+    block table) and the builder's own spec (its kernel block size)."""
+    import torch
+
+    n = len(step["batch"])
+    qsl, _, _, _ = step_token_layout(step)
+    seq_lens = [pos[-1] + 1 if pos else 0 for _, pos in step["batch"]]
+    out = []
+    for gid, owner, group in cross:
+        rows = next((t["rows"] for t in kernel_tables if t["group"] == gid and t["layers"] == sorted(group.layer_names)), None)
+        if rows is None or gid not in encoder_seq_lens:
+            continue
+        lens_gpu, lens_cpu = encoder_seq_lens[gid]
+        common = SimpleNamespace(
+            query_start_loc_cpu=torch.tensor(qsl, dtype=torch.int32), seq_lens_cpu_upper_bound=torch.tensor(seq_lens, dtype=torch.int32),
+            encoder_seq_lens=lens_gpu[:n], encoder_seq_lens_cpu=lens_cpu[:n],
+            block_table_tensor=torch.tensor(rows[:n], dtype=torch.int32), causal=True, max_seq_len=max(seq_lens),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32))
+        builder = group.get_metadata_builder()
+        with _underlying_build_stood_in(builder):
+            metadata = builder.build(0, common)
+        out.append({"group": gid, "owner": owner, "layers": sorted(group.layer_names),
+                    "slot_mapping": _tolist(metadata.slot_mapping)})
+    return out
+
+
 class _MRv1Schedule:
     """A scenario through MRv1's own ``InputBatch`` (its request methods and block table)
     and attention groups."""
@@ -120,6 +188,16 @@ class _MRv1Schedule:
         # The drafter's attention groups carry their own kv_cache_group_id.
         self.entries += [(int(ag.kv_cache_group_id), "drafter", ag) for ag in draft]
         self._request, self._sampling = CachedRequestState, SamplingParams
+        self.cross = _cross_entries(self.entries)
+        if self.cross:
+            import torch
+            from vllm.v1.utils import CpuGpuBuffer
+
+            # GPUModelRunner.__init__'s request states and encoder seq-len buffer (its _make_buffer,
+            # unpinned: no pinned host memory without a GPU), which its _get_encoder_seq_lens reads.
+            instance.requests = {}
+            instance.encoder_seq_lens = CpuGpuBuffer(int(instance.max_num_reqs), dtype=torch.int32, device=instance.device,
+                                                     pin_memory=False)
 
     @property
     def locations(self) -> SimpleNamespace:
@@ -137,6 +215,8 @@ class _MRv1Schedule:
             if kind in ("remove", "preempt"):
                 if batch.remove_request(op[1]) is None:
                     raise ScenarioError(f"request {op[1]!r} is not live")
+                if self.cross:
+                    self.instance.requests.pop(op[1], None)
             elif kind == "append":
                 if op[1] not in batch.req_id_to_index:
                     raise ScenarioError(f"request {op[1]!r} is not live")
@@ -145,10 +225,14 @@ class _MRv1Schedule:
                 if op[1] in batch.req_id_to_index:
                     raise ScenarioError(f"add of request {op[1]!r} which is already live")
                 tokens = [0] * max(1, last.get(op[1], 0) + 1)
-                batch.add_request(self._request(
-                    req_id=op[1], prompt_token_ids=tokens, mm_features=[], sampling_params=self._sampling(max_tokens=1),
-                    generator=None, block_ids=tuple(list(ids) for ids in op[2]),
-                    num_computed_tokens=firsts.get(op[1], 0), output_token_ids=[]))
+                state = self._request(
+                    req_id=op[1], prompt_token_ids=tokens, mm_features=_encoder_features(op[1], self.sc["encoder_lens"]),
+                    sampling_params=self._sampling(max_tokens=1), generator=None,
+                    block_ids=tuple(list(ids) for ids in op[2]), num_computed_tokens=firsts.get(op[1], 0),
+                    output_token_ids=[])
+                if self.cross:
+                    self.instance.requests[op[1]] = state  # _update_states keeps it there too
+                batch.add_request(state)
             elif kind in ("move", "swap") and not condensed:
                 batch.condense()
                 condensed = True
@@ -190,6 +274,11 @@ class _MRv1Schedule:
             "kernel_tables": _kernel_tables(self.entries, tables),
             "slot_mappings": [_tolist(slots_by_gid[g]) for g in range(self.num_groups)],
         }
+        if self.cross:
+            # _build_attention_metadata: per KV cache group, the runner's own encoder seq lens.
+            scheduled = {req: len(pos) for req, pos in step["batch"]}
+            out.update(_crossing("MRv1", lambda: _cross_slot_mappings(self.cross, out["kernel_tables"], step, {
+                gid: self.instance._get_encoder_seq_lens(scheduled, group.kv_cache_spec, n) for gid, _, group in self.cross})))
         if self.sc.get("draft") and self.drafter is not None:
             out.update(_drafting("MRv1 drafter", lambda: self._draft_steps(step, tables, int(self.sc["draft"]["steps"]))))
         return out
@@ -240,6 +329,7 @@ class _MRv2Schedule:
         self.speculator = speculator if getattr(speculator, "block_tables", None) is not None else None
         self.entries = _attention_group_entries(getattr(instance, "attn_groups", None), "runner")
         self.entries += _attention_group_entries(getattr(speculator, "attn_groups", None), "drafter")
+        self.cross = _cross_entries(self.entries)
         # What GPUModelRunner.__init__ sets and the request updates read; no pooling,
         # pipeline stages, prompt logprobs or sampler on this rank (not the last PP rank).
         for name, value in (("pooling_runner", None), ("pp_handler", None), ("prompt_logprobs_worker", None),
@@ -269,7 +359,8 @@ class _MRv2Schedule:
                 tokens = [0] * max(1, last.get(req, 0) + 1)
                 new.append(SimpleNamespace(
                     req_id=req, prompt_token_ids=tokens, prefill_token_ids=tokens, prompt_len=len(tokens),
-                    mm_features=[], sampling_params=None, pooling_params=None, block_ids=tuple(list(i) for i in op[2]),
+                    mm_features=_encoder_features(req, self.sc["encoder_lens"]), sampling_params=None,
+                    pooling_params=None, block_ids=tuple(list(i) for i in op[2]),
                     num_computed_tokens=start, lora_request=None, prompt_embeds=None))
             elif kind == "append":
                 cached_ids.append(req)
@@ -327,6 +418,12 @@ class _MRv2Schedule:
             "kernel_tables": _kernel_tables(self.entries, tables),
             "slot_mappings": _tolist(slots),
         }
+        if self.cross:
+            # EncoderDecoderModelState.prepare_attn: the encoder seq lens of the cross groups.
+            out.update(_crossing("MRv2", lambda: _cross_slot_mappings(
+                self.cross, out["kernel_tables"], step,
+                runner.model_state._get_encoder_seq_lens([req for req, _ in step["batch"]], runner.attn_groups, False,
+                                                         len(step["batch"])))))
         if self.sc.get("draft") and self.speculator is not None:
             out.update(_drafting("MRv2 speculator", lambda: self._draft_steps(step, idx, int(self.sc["draft"]["steps"]))))
         return out
@@ -413,6 +510,16 @@ def _drafting(who: str, run) -> dict[str, Any]:
         return {"draft_steps": run()}
     except (AttributeError, TypeError, ImportError) as exc:
         return {"draft_steps_unsupported": f"{who}'s draft steps not reachable: {type(exc).__name__}: {exc}"}
+
+
+def _crossing(who: str, run) -> dict[str, Any]:
+    """``{"cross_slot_mappings": [...]}``, or where this release's runner or cross-attention
+    builder has other methods than the driver calls, ``{"cross_slot_mappings_unsupported": why}``:
+    the step's own tables and slots are still observed and judged."""
+    try:
+        return {"cross_slot_mappings": run()}
+    except (AttributeError, TypeError, ImportError) as exc:
+        return {"cross_slot_mappings_unsupported": f"{who}'s cross-attention slots not reachable: {type(exc).__name__}: {exc}"}
 
 
 def _fits(sc: Mapping[str, Any], num_groups: int, instance, block_sizes: Sequence[int] = ()) -> str | None:

@@ -594,7 +594,9 @@ def _mrv1_runner(case, vc, device):
     r = _stand_in(
         GPUModelRunner,
         **_runner_basics(case, vc, device),
-        max_encoder_len=0,
+        # GPUModelRunner.__init__: an encoder-decoder model sizes its block tables (and the
+        # builders' kernel tables) for the scheduler's encoder budget too.
+        max_encoder_len=(vc.scheduler_config.max_num_encoder_input_tokens if vc.model_config.is_encoder_decoder else 0),
         num_spec_tokens=len(drafts) and 1,
         uniform_decode_query_len=1 + (len(drafts) and 1),
         is_pooling_model=False,

@@ -21,6 +21,7 @@ from reference.block_tables.drafts import DraftStep, draft_step_mrv1, draft_step
 from reference.block_tables.kernel import map_to_kernel_block_table
 from reference.block_tables.mrv1 import MRv1MultiGroupBlockTable
 from reference.block_tables.mrv2 import MRv2BlockTables
+from reference.block_tables.slots import cross_slot_mapping
 from reference.block_tables.schedules import (
     Add,
     Append,
@@ -93,6 +94,7 @@ class _MRv1Model:
         self.state = MRv1ScheduleState(self.tables)
         self.widths = self.tables.widths
         self.draft = sc["draft"]
+        self.encoder_lens = sc["encoder_lens"]
 
     def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
         for op in step["ops"]:
@@ -109,6 +111,8 @@ class _MRv1Model:
             obs["kernel_tables"] = [rows[g] if self.kernel_ids else map_to_kernel_block_table(rows[g], *kernel_ratio(grp))
                                     for g, grp in enumerate(self.groups)]
             obs["slot_mappings"] = self.tables.get_slot_mappings(len(positions), step["num_tokens_padded"])
+            if any(g["kind"] == "cross" for g in self.groups):
+                obs["cross_slot_mappings"] = _cross_slots(self.groups, obs["kernel_tables"], step, self.encoder_lens)
             if self.draft is not None:
                 obs["draft_steps"] = self._draft_steps(step, rows[self.draft["group"]])
         return obs
@@ -150,6 +154,7 @@ class _MRv2Model:
         )
         self.state = MRv2ScheduleState(self.tables)
         self.draft = sc["draft"]
+        self.encoder_lens = sc["encoder_lens"]
 
     def step(self, step: Mapping[str, Any]) -> dict[str, Any]:
         for op in mrv2_step_order([schedule_op(op) for op in step["ops"]]):
@@ -166,6 +171,8 @@ class _MRv2Model:
                                     for g, grp in enumerate(self.groups)]
             obs["slot_mappings"] = self.tables.compute_slot_mappings(
                 idx + [-1] * len(step["dummy_tokens"]), qsl_all, positions_all, step["num_tokens_padded"])
+            if any(g["kind"] == "cross" for g in self.groups):
+                obs["cross_slot_mappings"] = _cross_slots(self.groups, obs["kernel_tables"], step, self.encoder_lens)
             if self.draft is not None:
                 obs["draft_steps"] = self._draft_steps(step, idx)
         return obs
@@ -183,6 +190,20 @@ class _MRv2Model:
             slots = self.tables.compute_slot_mappings(list(idx), list(range(n + 1)), positions, n)[d["group"]]
             out.append({"group": d["group"], "positions": positions, "slot_mapping": list(slots[:n])})
         return out
+
+
+def _cross_slots(groups: Sequence[Mapping[str, Any]], kernel_tables: Sequence[Sequence[Sequence[int]]],
+                 step: Mapping[str, Any], encoder_lens: Mapping[str, int]) -> list[list[int] | None]:
+    """Per group, the slots its cross-attention builder writes the encoder K/V to this step
+    (``cross_slot_mapping`` over the group's kernel table); None for other groups."""
+    out: list[list[int] | None] = []
+    for g, group in enumerate(groups):
+        if group["kind"] != "cross":
+            out.append(None)
+            continue
+        R, _ = kernel_ratio(group)
+        out.append(cross_slot_mapping(kernel_tables[g], group["block_size"] // R, step["batch"], encoder_lens))
+    return out
 
 
 def _draft_moves(step: Mapping[str, Any], draft: Mapping[str, int], move) -> Iterator[list[DraftStep]]:
@@ -229,6 +250,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+MAX_NUM_ENCODER_INPUT_TOKENS = 2048
+"""The encoder budget of a scheduler configured as the drivers configure it:
+``SchedulerConfig.max_num_encoder_input_tokens`` is ``max_num_batched_tokens``, 2048 by
+default (``vllm/config/scheduler.py``). Encoder-decoder runners size every block table for
+it (MRv1 ``GPUModelRunner.__init__``: ``max_encoder_len``; MRv2 ``initialize_kv_cache``:
+``block_table_max_model_len``), and a request's encoder input is at most this long."""
+
+
+def block_table_max_len(case: Any) -> int:
+    """The token count the runners size each request's block-table row for: ``max_model_len``,
+    or for an encoder-decoder model (a cross-attention layer) the encoder budget if longer.
+    The model configs the drivers build carry no ``max_source_positions`` (MRv2's third term)."""
+    if any(layer.kind == "cross" for layer in case.layers):
+        return max(case.max_model_len, MAX_NUM_ENCODER_INPUT_TOKENS)
+    return case.max_model_len
+
+
 def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
     """The scenario groups of a case: what each runner builds its block tables from.
 
@@ -247,6 +285,7 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
                  SpecKind.HIDDEN_STATE)
     case = derivation.case
     dcp = case.decode_context_parallel_size
+    row_len = block_table_max_len(case)
     out: list[dict[str, Any]] = []
     for gid, group in enumerate(derivation.groups):
         spec = first_layer_spec(group.spec)
@@ -264,15 +303,24 @@ def case_groups(derivation: "Derivation") -> list[dict[str, Any]] | str:
             out.append({"kind": "circular", "block_size": B, "max_num_blocks": spec.max_num_blocks_per_req(case.max_model_len),
                         "dcp_sharded": spec.dcp_sharded, "kernel_block_size": derivation.kernel_block_sizes[gid]})
             continue
+        if spec.kind is SpecKind.CROSS:
+            if dcp > 1:
+                return ("a cross-attention group under decode context parallelism: its slot mapping "
+                        "(cross_attention.py _get_cross_slot_mapping) is not DCP-aware; not modeled yet")
+            # The request's encoder tokens, allocated once (CrossAttentionManager), in a row as wide
+            # as every other group's of an encoder-decoder model.
+            out.append({"kind": "cross", "block_size": B, "max_num_blocks": _cdiv(row_len, B),
+                        "dcp_sharded": spec.dcp_sharded, "kernel_block_size": derivation.kernel_block_sizes[gid]})
+            continue
         if spec.kind not in scheduled:
-            # Cross-attention and encoder-only tables are sized by encoder inputs.
+            # Encoder-only layers own no KV cache group.
             return f"KV cache group {gid} is {spec.kind.value}: a decoder request schedule does not fill its block table"
         window = spec.sliding_window if spec.kind in (SpecKind.SLIDING_WINDOW, SpecKind.SLIDING_WINDOW_MLA) else None
         shards = dcp if spec.dcp_sharded else 1
         out.append({
             "kind": "attention",
             "block_size": B,
-            "max_num_blocks": _cdiv(case.max_model_len, B * shards),
+            "max_num_blocks": _cdiv(row_len, B * shards),
             "dcp_sharded": spec.dcp_sharded,
             "kernel_block_size": derivation.kernel_block_sizes[gid],
             # MRv2 nulls the ids below the window in the releases reference.releases says.

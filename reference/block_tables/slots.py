@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from reference.block_tables._common import (
     PAD_SLOT_ID,
@@ -166,3 +166,38 @@ def slot_mappings_mrv2(
                 buf[t] = _int(row[bi], "block id", minimum=0) * K + lp % K
         out.append(buf[:padded])
     return out
+
+
+def cross_slot_mapping(
+    kernel_rows: Sequence[Sequence[int]],
+    kernel_block_size: int,
+    batch: Sequence[tuple[str, Sequence[int]]],
+    encoder_lens: Mapping[str, int],
+) -> list[int]:
+    """The slots a cross-attention group's encoder K/V are written to in one step
+    (``CrossAttentionBuilder.build`` and ``_get_cross_slot_mapping``,
+    ``model_executor/layers/attention/cross_attention.py``).
+
+    Only a request with no computed tokens writes them (its first step: the cross K/V
+    are computed once from the encoder output); each of its ``encoder_lens[req]`` tokens
+    ``i`` goes to ``row[i // K] * K + i % K`` of its batch row of the kernel block table,
+    requests in batch order. The decoder's positions play no part, nor does DCP.
+    """
+    K = _int(kernel_block_size, "kernel block size", minimum=1)
+    out: list[int] = []
+    for i, (req, positions) in enumerate(batch):
+        if not positions or positions[0] != 0:
+            continue  # its cross K/V were written at its first step
+        n = encoder_lens.get(req)
+        if n is None:
+            raise ConfigError(f"request {req!r} has no encoder length; expected one for a cross-attention group")
+        row = kernel_rows[i]
+        if _cdiv(n, K) > len(row):
+            raise ConfigError(f"request {req!r}'s {n} encoder tokens need {_cdiv(n, K)} kernel blocks but its row has "
+                              f"{len(row)}; expected at most {len(row) * K} tokens")
+        out += [_int(row[t // K], "block id", minimum=0) * K + t % K for t in range(n)]
+    return out
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -44,14 +44,100 @@ def test_case_groups_follow_the_reference_groups() -> None:
     assert split[0]["block_size"] == 128 and split[0]["kernel_block_size"] == 64
 
 
-def test_a_cross_attention_case_says_why_it_has_no_schedule() -> None:
-    from suites.strategies import sample_cases
+def test_a_cross_attention_case_schedules_its_encoder_inputs() -> None:
+    """An encoder-decoder case: its cross-attention group's blocks hold each request's encoder
+    tokens from the step it is added (never appended), every row is sized for the encoder budget
+    too, and the reference predicts the builder's slots at each request's first step only."""
+    from reference.block_tables.scenarios import MAX_NUM_ENCODER_INPUT_TOKENS
 
-    case = next(c for c in sample_cases(SEED, 300) if any(layer.kind == "cross" for layer in c.layers)
-                and plan_schedules(c, SEED, 1).skipped and "cross" in plan_schedules(c, SEED, 1).skipped)
+    case = CASES["enc-dec-cross-b16"]
     plan = plan_schedules(case, SEED, 2)
-    assert not plan.scenarios and "cross_attention" in plan.skipped
-    assert schedule_summary(plan, object())["not_run"] == plan.skipped
+    assert plan.scenarios, plan.skipped
+    groups = plan.scenarios[0]["groups"]
+    assert [g["kind"] for g in groups] == ["attention", "cross"]
+    row_len = max(case.max_model_len, MAX_NUM_ENCODER_INPUT_TOKENS)
+    assert all(g["max_num_blocks"] == -(-row_len // 16) for g in groups)
+    for sc in plan.scenarios:
+        lens = sc["encoder_lens"]
+        for step in sc["steps"]:
+            for op in step["ops"]:
+                if op[0] == "add":
+                    assert len(op[2][1]) == -(-lens[op[1]] // 16), (op, lens[op[1]])
+                if op[0] == "append":
+                    assert op[2][1] == [], op
+        for runner in ("mrv1", "mrv2"):
+            predicted = predict_runner(sc, runner)
+            for step, seen in zip(sc["steps"], predicted["steps"]):
+                if "cross_slot_mappings" not in seen:
+                    continue
+                starting = [req for req, pos in step["batch"] if pos and pos[0] == 0]
+                assert seen["cross_slot_mappings"][0] is None
+                assert len(seen["cross_slot_mappings"][1]) == sum(lens[req] for req in starting)
+
+
+def test_cross_slots_follow_the_kernel_rows() -> None:
+    from reference.block_tables.slots import cross_slot_mapping
+
+    rows = [[7, 3, 9], [5, 0, 0]]
+    batch = [("a", [0, 1]), ("b", [4])]  # b is past its first step: its encoder K/V are written
+    assert cross_slot_mapping(rows, 4, batch, {"a": 6, "b": 3}) == [28, 29, 30, 31, 12, 13]
+    from reference.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="13 encoder tokens need 4 kernel blocks"):
+        cross_slot_mapping(rows, 4, batch, {"a": 13})
+
+
+@pytest.mark.parametrize(("lens", "message"), [
+    ({}, "request 'r0' has no encoder_lens entry"),
+    ({"r0": 0}, "encoder_lens['r0'] 0 is not an integer in"),
+    ({"r0": "12"}, "encoder_lens['r0'] '12' is not an integer in"),
+    ([12], "encoder_lens [12] is not an object"),
+])
+def test_bad_encoder_lengths_are_named(lens, message: str) -> None:
+    from reference.config import ScenarioError, normalize_scenario
+
+    scenario = {"name": "x", "max_num_reqs": 2, "max_num_batched_tokens": 16, "encoder_lens": lens,
+                "groups": [{"kind": "attention", "block_size": 16, "max_num_blocks": 4},
+                           {"kind": "cross", "block_size": 16, "max_num_blocks": 4}],
+                "steps": [{"ops": [["add", "r0", [[1], [2]]]], "batch": [["r0", [0]]]}]}
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        normalize_scenario(scenario)
+
+
+def _cross_judge(runner: str, mutate=None):
+    plan = plan_schedules(CASES["enc-dec-cross-b16"], SEED, 1)
+    scenario = plan.scenarios[0]
+    got = copy.deepcopy(predict_runner(scenario, runner))
+    layers = sorted(name for name in plan.layer_kernel_block_sizes[runner]["runner"] if "encoder_attn" in name)
+    for step in got["steps"]:
+        if "cross_slot_mappings" in step:
+            step["cross_slot_mappings"] = [{"group": 1, "owner": "runner", "layers": layers, "slot_mapping": slots}
+                                           for slots in step["cross_slot_mappings"][1:]]
+            step.pop("kernel_tables")
+    if mutate:
+        mutate(got)
+    return compare_schedule(CASES["enc-dec-cross-b16"], runner, scenario, predict_runner(scenario, runner), got,
+                            plan.layer_kernel_block_sizes[runner])
+
+
+def _writing_step(got):
+    return next(step for step in got["steps"] if step.get("cross_slot_mappings", [{}])[0].get("slot_mapping"))
+
+
+@pytest.mark.parametrize("runner", ["mrv1", "mrv2"])
+def test_cross_slots_are_judged(runner: str) -> None:
+    assert _cross_judge(runner) == ()
+
+    def shifted(got):
+        _writing_step(got)["cross_slot_mappings"][0]["slot_mapping"][-1] += 1
+
+    def missing(got):
+        _writing_step(got)["cross_slot_mappings"] = []
+
+    for mutate, needle in ((shifted, "cross_slot_mapping[g=1, "), (missing, "no cross-attention builder")):
+        divergences = _cross_judge(runner, mutate)
+        assert kinds_of(divergences) == {"slot_mapping"}, [d.message for d in divergences]
+        assert any(needle in d.message for d in divergences), [d.message for d in divergences]
 
 
 def _judge(name: str, runner: str, mutate=None):

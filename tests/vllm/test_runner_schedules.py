@@ -93,7 +93,7 @@ def _installed_version() -> str:
 
 
 def test_named_cases_mostly_schedule() -> None:
-    """Every named case but the refused, unsupported and encoder-input ones gets schedules."""
+    """Every named case but the refused, unsupported and attention-free ones gets schedules."""
     assert len(_schedulable()) >= 30
 
 
@@ -264,6 +264,73 @@ def test_an_mrv2_speculator_that_does_not_advance_is_seen_in_mrv2_only(monkeypat
 def _by_facts(comparison) -> set[str]:
     """The kinds of a comparison's divergences from the reference's facts (not the contract's)."""
     return {d.kind for d in comparison.divergences if d.basis == "facts"}
+
+
+# --- cross attention: the encoder K/V each runner's cross-attention builder writes ---------------
+
+CROSS_CASE = "enc-dec-cross-b16"
+
+
+def _cross_steps(observation) -> list[dict]:
+    return [st for s in observation.schedules for st in s.get("steps", ()) if "cross_slot_mappings" in st]
+
+
+def test_cross_attention_schedules_write_each_encoder_input_once() -> None:
+    """An encoder-decoder case's schedules run through both runners: the cross-attention group's
+    blocks hold each request's encoder tokens from its first step (never appended), its builder
+    writes them then and only then, and everything matches the reference and the contract."""
+    plan, observations, comparisons = _run(CROSS_CASE)
+    assert all(sc.get("encoder_lens") for sc in plan.scenarios), plan.scenarios
+    first_steps = sum(1 for sc in plan.scenarios for st in sc["steps"] for _, pos in st["batch"] if pos and pos[0] == 0)
+    assert first_steps >= 2, "no request starts in the schedules: nothing would be written"
+    for runner, obs in observations.items():
+        summary = schedule_summary(plan, obs)
+        assert summary["run"] == SCHEDULES and summary.get("cross_slot_mappings"), (runner, summary)
+        written = sum(len(e["slot_mapping"]) for st in _cross_steps(obs) for e in st["cross_slot_mappings"])
+        expected = sum(sc["encoder_lens"][req] for sc in plan.scenarios for st in sc["steps"]
+                       for req, pos in st["batch"] if pos and pos[0] == 0)
+        assert written == expected, (runner, written, expected)
+    assert {c.status for c in comparisons.values()} == {"pass"}, _explain(CROSS_CASE, comparisons)
+
+
+def test_cross_slots_assuming_contiguous_blocks_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_get_cross_slot_mapping`` (cross_attention.py) addressing a request's encoder tokens as if
+    its cross-attention blocks were contiguous (``first block * B + i``): both runners' builders
+    call it, the facts and the contract both see it."""
+    import vllm.model_executor.layers.attention.cross_attention as cross_module
+
+    original = cross_module._get_cross_slot_mapping
+
+    def contiguous(encoder_seq_lens, block_table_tensor, kv_cache_spec, device):
+        import torch
+
+        slots = [torch.arange(int(n), dtype=torch.int64) + int(block_table_tensor[i][0]) * kv_cache_spec.block_size
+                 for i, n in enumerate(encoder_seq_lens) if n]
+        return torch.cat(slots) if slots else original(encoder_seq_lens, block_table_tensor, kv_cache_spec, device)
+
+    monkeypatch.setattr(cross_module, "_get_cross_slot_mapping", contiguous)
+    _, _, comparisons = _run(CROSS_CASE)
+    for runner, comparison in comparisons.items():
+        assert _by_facts(comparison) == {"slot_mapping"}, _explain(CROSS_CASE, comparisons)
+        assert {d.kind for d in comparison.divergences if d.basis == "contract"} == {"slot_address"}, runner
+
+
+def test_mrv1_encoder_lengths_of_a_cuda_graph_capture_are_seen_in_mrv1_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MRv1's ``_get_encoder_seq_lens`` (gpu_model_runner.py) answering every step as it answers a
+    CUDA-graph capture (each request's encoder input as long as the encoder budget): its cross
+    builder writes slots for tokens the request does not have."""
+    import vllm.v1.worker.gpu_model_runner as mrv1_module
+
+    original = mrv1_module.GPUModelRunner._get_encoder_seq_lens
+
+    def as_captured(self, num_scheduled_tokens, kv_cache_spec, num_reqs, for_cudagraph_capture=False):
+        return original(self, num_scheduled_tokens, kv_cache_spec, num_reqs, for_cudagraph_capture=True)
+
+    monkeypatch.setattr(mrv1_module.GPUModelRunner, "_get_encoder_seq_lens", as_captured)
+    _, _, comparisons = _run(CROSS_CASE)
+    assert _by_facts(comparisons["mrv1"]) == {"slot_mapping"}, _explain(CROSS_CASE, comparisons)
+    assert {d.kind for d in comparisons["mrv1"].divergences if d.basis == "contract"} == {"slot_address"}
+    assert comparisons["mrv2"].status == "pass", _explain(CROSS_CASE, comparisons)
 
 
 def test_a_process_without_the_interpreter_says_why(tmp_path: Path) -> None:
