@@ -465,6 +465,13 @@ BACKENDS: dict[str, BackendInfo] = {
             (MultipleOf(1),),
             kv_cache_dtypes=_DEFAULT_KV,
         ),
+        # Inkling's short-conv state (InklingConvState.get_attn_backend): a builder only, no kernel, any block.
+        BackendInfo(
+            "INKLING_SCONV_SWA",
+            "models/inkling/nvidia/sconv_swa_attn.py",
+            (MultipleOf(1),),
+            kv_cache_dtypes=_DEFAULT_KV,
+        ),
         BackendInfo(
             "CPU_MLA",
             "v1/attention/backends/mla/cpu_mla.py",

@@ -37,6 +37,7 @@ LAYER_KINDS = (
     "dsv4_swa",
     "dsv4_indexer",
     "dsv4_compressor_state",
+    "inkling_conv_state",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
@@ -76,6 +77,7 @@ LAYER_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "kimi_k3": ("vllm.models.kimi_k3.nvidia.mla", "MultiHeadLatentAttention", ("mla",)),
     "minimax_m3": ("vllm.models.minimax_m3.nvidia.model", "MiniMaxM3SparseAttention", ("full",)),
     "qwen4_exp": ("vllm.models.qwen4_exp.nvidia.qsa", "Qwen4ExpQSAAttention", ("full",)),
+    "inkling": ("vllm.models.inkling.nvidia.attention", "InklingAttention", ("full", "sliding_window")),
 }
 """A layer's ``family``: the model family whose own layer class builds a layer of a generic kind (its spec is the
 kind's; the class owns its construction and checks) -> (module, class, the kinds it builds). None: vLLM's generic
@@ -83,9 +85,11 @@ layer class of the kind. ``minimax_m3``'s class also builds its lightning indexe
 ``minimax_indexer`` layer, named ``{name}.index_cache``, right before it (the order vLLM registers them in);
 ``qwen4_exp``'s (Qwen4-exp's QSA attention) builds its indexer's two side caches: the case lists its
 ``qsa_key_state`` ``{prefix}.indexer.raw_key_cache`` and ``qsa_compressed_key`` ``{prefix}.indexer.compressed_key_cache``
-right before it, ``{prefix}.attn``."""
+right before it, ``{prefix}.attn``; ``inkling``'s (Inkling's attention, global or local) is built after its decoder
+layer's short-conv state (``InklingConvState``): the case lists that ``inkling_conv_state`` layer
+``{prefix}.conv_state`` right before ``{prefix}.attn``."""
 
-FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE", "qwen4_exp": "QWEN4_EXP_QSA_TRITON"}
+FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE", "qwen4_exp": "QWEN4_EXP_QSA_TRITON", "inkling": "FLASH_ATTN"}
 """Families whose class picks its own backend (no selector): the backend such a layer runs on."""
 
 DSV4_CACHE_DTYPE = "fp8_ds_mla"
@@ -111,6 +115,7 @@ LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
     "dsv4_swa": ("DEEPSEEK_SPARSE_SWA", "DeepseekV4SWACache"),
     "dsv4_indexer": ("DEEPSEEK_V4_INDEXER", "DeepseekV4IndexerCache"),
     "dsv4_compressor_state": ("CompressorBackend", "CompressorStateCache"),
+    "inkling_conv_state": ("INKLING_SCONV_SWA", "InklingConvState"),
 }
 """Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
 selector validation): kind -> (backend, layer class)."""
@@ -346,6 +351,8 @@ class LayerConfig:
             own = FAMILY_BACKENDS.get(self.family)
             if own is not None and self.backend != own:
                 raise ConfigError(f"{owner}family {self.family!r} runs on {own} ({layer_class} picks it), not {self.backend!r}")
+        if self.kind == "inkling_conv_state":
+            self._check_inkling_conv_state()
         if self.kind in QSA_KINDS and self.index_kpool is None:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs index_kpool (the QSA compress_ratio, >= 1)")
         if self.kind in QSA_KINDS and self.cache_dtype != "auto":
@@ -385,6 +392,22 @@ class LayerConfig:
         elif self.kind == "mamba" and not self.mamba_shapes:
             raise ConfigError(f"layer {self.name!r}: kind 'mamba' needs mamba_shapes or a mixer")
 
+
+    def _check_inkling_conv_state(self) -> None:
+        """What ``InklingConvState`` builds (``models/inkling/nvidia/sconv_swa_attn.py``): a ``SlidingWindowSpec`` of
+        ``sliding_window`` = the short conv's kernel size tokens in blocks of as many, its four streams (K, V and the
+        attention and MLP outputs' hidden chunks) packed into a power-of-two ``head_size``, no V, the model dtype."""
+        owner = f"layer {self.name!r}: kind 'inkling_conv_state'"
+        if not self.sliding_window:
+            raise ConfigError(f"{owner} needs sliding_window: the short conv's kernel size (sconv_kernel_size)")
+        if self.head_size & (self.head_size - 1):
+            raise ConfigError(f"{owner} head_size {self.head_size} must be a power of two (InklingConvState pads its "
+                              f"packed 2 * head_dim + 2 * hidden_size / num_kv_heads to one)")
+        if self.cache_dtype != "auto" or self.head_size_v is not None:
+            raise ConfigError(f"{owner} stores its streams in the model dtype with no V: cache_dtype {self.cache_dtype!r} "
+                              f"must be 'auto' and head_size_v unset")
+        if self.is_draft or self.family is not None:
+            raise ConfigError(f"{owner} is built by an Inkling decoder layer, not a drafter or another family")
 
     def _check_dsv4(self) -> None:
         """What DeepSeek V4's cache classes assert or accept (``models/deepseek_v4/``)."""
@@ -495,6 +518,16 @@ class CaseConfig:
                 _check_mixer_case(self, layer)
             if layer.family == "qwen4_exp":
                 _check_qsa_owner(self, index, layer)
+            if layer.kind == "inkling_conv_state":
+                _check_inkling_owner(self, index, layer)
+            if layer.family == "inkling":
+                before = self.layers[index - 1] if index else None
+                prefix = layer.name.removesuffix(".attn")
+                if (not layer.name.endswith(".attn") or before is None or before.name != f"{prefix}.conv_state"
+                        or before.kind != "inkling_conv_state"):
+                    raise ConfigError(f"layer {layer.name!r}: family 'inkling' (InklingAttention) is named '{{prefix}}.attn' "
+                                      f"and wired to its decoder layer's short-conv state: list an 'inkling_conv_state' "
+                                      f"layer {prefix + '.conv_state'!r} right before it")
             if layer.family == "minimax_m3":
                 if not layer.name.endswith(".attn"):
                     raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' registers its main cache as "
@@ -607,6 +640,27 @@ def _check_qsa_owner(case: "CaseConfig", index: int, layer: LayerConfig) -> None
         raise ConfigError(f"layer {layer.name!r}: its indexer's side caches share one compress ratio and index head size "
                           f"(QSAIndexer), got {before[0].index_kpool}/{before[1].index_kpool} and "
                           f"{before[0].head_size}/{before[1].head_size}")
+
+
+def _check_inkling_owner(case: "CaseConfig", index: int, layer: LayerConfig) -> None:
+    """An ``inkling_conv_state`` layer ``{prefix}.conv_state`` is built by its Inkling decoder layer right before that
+    layer's attention, ``{prefix}.attn`` (family ``inkling``), with the attention's KV heads; its packed head holds the
+    attention's K and V (``2 * head_dim``) and at least one hidden channel per stream."""
+    prefix = layer.name.removesuffix(".conv_state")
+    after = case.layers[index + 1] if index + 1 < len(case.layers) else None
+    if (not layer.name.endswith(".conv_state") or after is None or after.name != f"{prefix}.attn"
+            or after.family != "inkling"):
+        raise ConfigError(f"layer {layer.name!r}: kind 'inkling_conv_state' is named '{{prefix}}.conv_state' and built by "
+                          f"its Inkling decoder layer: list a family 'inkling' layer {prefix + '.attn'!r} right after it")
+    if after.num_kv_heads != layer.num_kv_heads:
+        raise ConfigError(f"layer {layer.name!r}: InklingConvState has its attention's KV heads "
+                          f"({after.num_kv_heads}), not {layer.num_kv_heads}")
+    if layer.head_size < 2 * after.head_size + 2:
+        raise ConfigError(f"layer {layer.name!r}: head_size {layer.head_size} must be the power of two InklingConvState "
+                          f"pads 2 * {after.head_size} (K and V) + 2 * hidden_size / num_kv_heads to")
+    if (layer.head_size - 2 * after.head_size) % 2:
+        raise ConfigError(f"layer {layer.name!r}: head_size {layer.head_size} leaves an odd hidden width beside "
+                          f"2 * {after.head_size}")
 
 
 def _check_mixer_case(case: "CaseConfig", layer: LayerConfig) -> None:

@@ -49,6 +49,7 @@ _KIND = {
     "dsv4_swa": SpecKind.SLIDING_WINDOW_MLA,
     "dsv4_indexer": SpecKind.MLA,
     "dsv4_compressor_state": SpecKind.SLIDING_WINDOW_MLA,
+    "inkling_conv_state": SpecKind.SLIDING_WINDOW,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -315,6 +316,18 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             kind=kind, block_size=case.block_size, num_kv_heads=layer.num_kv_heads, head_size=layer.head_size,
             head_size_v=0, dtype=dtype, cache_dtype=layer.cache_dtype, is_draft=layer.is_draft,
         )
+    if layer.kind == "inkling_conv_state":
+        return _inkling_conv_state_spec(case, layer)
+    if layer.family == "inkling":
+        # InklingAttention.get_kv_cache_spec (models/inkling/nvidia/attention.py): K and V of head_dim at --block-size
+        # (a local layer's window is its own block size's: no per-window block of the generic Attention), in the
+        # cache dtype, with no quantization mode and no backend customization.
+        if quant_mode(layer.cache_dtype) is not quant_mode("auto"):
+            raise NotModeledError(f"Inkling's attention with a quantized cache ({layer.cache_dtype}): InklingAttention sets "
+                                  f"no kv_quant_mode on its spec, which the reference does not model")
+        return AttentionSpec(kind=kind, block_size=case.block_size, num_kv_heads=layer.num_kv_heads,
+                             head_size=layer.head_size, head_size_v=layer.head_size, dtype=dtype,
+                             cache_dtype=layer.cache_dtype, sliding_window=layer.sliding_window)
     if layer.family == "kimi_k3":
         return _kimi_k3_mla_spec(case, layer, common)
     if layer.family == "qwen4_exp":
@@ -514,6 +527,20 @@ def _qsa_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
                            where=where + ".get_kv_cache_spec")
     return AttentionSpec(kind=SpecKind.CIRCULAR_BUFFER, block_size=ring, num_kv_heads=1, head_size=layer.head_size,
                          head_size_v=0, dtype="bfloat16", is_draft=layer.is_draft)
+
+
+def _inkling_conv_state_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
+    """``InklingConvState.get_kv_cache_spec`` (models/inkling/nvidia/sconv_swa_attn.py): a ``SlidingWindowSpec`` whose
+    block and window are the short conv's kernel size (``sliding_window``), ``num_kv_heads`` packed heads of
+    ``head_size`` (K, V and two hidden chunks, padded to a power of two), no V, in the model dtype, which its
+    constructor asserts is bfloat16."""
+    if canonical_model_dtype(case.model_dtype) != "bfloat16":
+        raise StartupError(f"sconv SWA cache supports bfloat16 only, got torch.{canonical_model_dtype(case.model_dtype)}",
+                           where="vllm.models.inkling.nvidia.sconv_swa_attn.InklingConvState.__init__")
+    assert layer.sliding_window is not None  # LayerConfig validates it for this kind
+    return AttentionSpec(kind=SpecKind.SLIDING_WINDOW, block_size=layer.sliding_window, num_kv_heads=layer.num_kv_heads,
+                         head_size=layer.head_size, head_size_v=0, dtype="bfloat16", sliding_window=layer.sliding_window,
+                         is_draft=layer.is_draft)
 
 
 DSV4_RECORD_BYTES = 584
@@ -805,8 +832,8 @@ def _check_parallel_modeled(case: CaseConfig) -> None:
     """DCP refusals vLLM makes outside the layout code this reference follows."""
     if case.decode_context_parallel_size == 1:
         return
-    windowed = ("sliding_window", "sliding_window_mla") if _dsv4_indexer_refuses_dcp(case) else (
-        "sliding_window", "sliding_window_mla", "dsv4_swa")
+    windowed = ("sliding_window", "sliding_window_mla", "inkling_conv_state") if _dsv4_indexer_refuses_dcp(case) else (
+        "sliding_window", "sliding_window_mla", "dsv4_swa", "inkling_conv_state")
     if any(layer.kind in windowed for layer in case.layers):
         raise NotModeledError(
             "sliding-window layers under DCP: vLLM refuses them at admission "
@@ -908,6 +935,11 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
+    if case.disable_hybrid_kv_cache_manager and any(layer.kind == "inkling_conv_state" for layer in case.layers):
+        # Promoted to full attention beside Inkling's attention, its conv states' 4- or 8-token windows meet the local
+        # layers' in one group, where vLLM refuses or asserts (observed; FullAttentionSpec.merge_window_sizes).
+        raise NotModeledError("Inkling's short-conv states under --disable-hybrid-kv-cache-manager (promoted to full "
+                              "attention beside its attention layers) are not modeled yet")
     encoder_only = [layer.kind == "encoder_only" for layer in case.layers]
     if any(encoder_only) and not all(encoder_only):
         # ColQwen3.5 interleaves encoder-only attention with Gated DeltaNet layers (Attention.get_kv_cache_spec's

@@ -187,10 +187,22 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("models/glm5next/common/kda.py", "Glm5NextLinearAttention", "MambaSpec (KDA state)", "mamba",
            "glm5next-kda-hybrid", "yes", True, "mixer kind glm5next_kda: built from a Glm5NextTextConfig; a float16 "
            "recurrent state is refused as vLLM refuses it (kda-fp16-state-refused)"),
-    _layer("models/inkling/amd/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", why=_FAMILY),
-    _layer("models/inkling/amd/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", why=_FAMILY),
-    _layer("models/inkling/nvidia/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", why=_FAMILY),
-    _layer("models/inkling/nvidia/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", why=_FAMILY),
+    _layer("models/inkling/amd/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec",
+           why="the ROCm build of Inkling's attention (its NVIDIA class below is driven; the same get_kv_cache_spec); "
+           + _NOT_YET),
+    _layer("models/inkling/amd/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec",
+           why="the ROCm build of Inkling's short-conv state (its NVIDIA class below is driven; the same spec); " + _NOT_YET),
+    _layer("models/inkling/nvidia/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", "full",
+           "inkling-sconv-b16", "yes", True,
+           "kind full or sliding_window with family inkling: built as InklingDecoderLayer builds it, wired to its "
+           "short-conv state, on FlashAttention (the class names it); a local layer's window at --block-size (no "
+           "block of its own, unlike the generic Attention). A quantized cache (no kv_quant_mode on its spec) and "
+           "--disable-hybrid-kv-cache-manager are not modeled yet"),
+    _layer("models/inkling/nvidia/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", "inkling_conv_state",
+           "inkling-sconv-b16", "yes", True,
+           "the decoder layer's short-conv state: K, V and two hidden chunks per KV head packed into a power of two, "
+           "its window and block the conv kernel's, on its INKLING_SCONV_SWA builder; a float16 model is refused as "
+           "its constructor asserts (inkling-sconv-fp16-refused)"),
     _layer("models/kimi_k3/amd/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)",
            why="the ROCm build of Kimi K3's KDA layer (its NVIDIA class below is driven); " + _NOT_YET),
     _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", "mamba",

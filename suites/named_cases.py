@@ -132,6 +132,27 @@ def qwen4_exp_qsa_layers(n: int, *, compress_ratio: int = 4, index_head_size: in
     )
 
 
+def inkling_layers(local: Sequence[bool], *, num_kv_heads: int = 4, head_size: int = 128, conv_head_size: int = 1024,
+                   sconv_kernel_size: int = 4, sliding_window: int = 512) -> tuple[LayerConfig, ...]:
+    """Inkling's decoder layers (``models/inkling/nvidia/model.py``), one per entry of ``local``: its short-conv state
+    (``InklingConvState``, kind ``inkling_conv_state``: K, V and two hidden chunks per KV head packed into
+    ``conv_head_size``, a window and block of ``sconv_kernel_size`` tokens) registered first, then its attention
+    (family ``inkling``, global or with a ``sliding_window`` local window), named as the decoder layer names them.
+    Inkling's defaults: 4 KV heads of 128 and a 1,536 hidden size (2 x 128 + 2 x 384 = 1,024)."""
+    return tuple(
+        layer
+        for i, is_local in enumerate(local)
+        for layer in (
+            LayerConfig(f"model.layers.{i}.conv_state", kind="inkling_conv_state",
+                        backend=LAYER_OWN_BACKENDS["inkling_conv_state"][0], num_kv_heads=num_kv_heads,
+                        head_size=conv_head_size, sliding_window=sconv_kernel_size),
+            LayerConfig(f"model.layers.{i}.attn", kind="sliding_window" if is_local else "full", backend="FLASH_ATTN",
+                        num_kv_heads=num_kv_heads, head_size=head_size, family="inkling",
+                        sliding_window=sliding_window if is_local else None),
+        )
+    )
+
+
 def attention_with_minimax_indexers(n: int, backend: str, *, index_cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
     """MiniMax M3's layers as far as they are modeled: per layer a GQA attention cache (built as vLLM's
     Attention: MiniMaxM3SparseAttention's own block-sparse impl is not driven) and its lightning
@@ -422,6 +443,24 @@ def _build() -> dict[str, CaseConfig]:
             model_dtype="float16",
             note="Qwen4-exp's QSA attention with a float16 model: its constructor refuses (BF16 only), before it "
             "builds its indexer.",
+        ),
+        CaseConfig(
+            "inkling-sconv-b16",
+            inkling_layers((False, True)),
+            block_size=16,
+            num_blocks=16,
+            note="Inkling's own layers (models/inkling/nvidia): per decoder layer its InklingConvState (the 4-token "
+            "short-conv window of K, V and two hidden chunks, 4 x 1,024 bf16 = 8 KiB a token, in 4-token blocks on its "
+            "INKLING_SCONV_SWA builder) then its InklingAttention, global then local (a 512-token window at --block-size), "
+            "on FlashAttention: one 32 KiB page for all, the conv states' blocks as long as their windows.",
+        ),
+        CaseConfig(
+            "inkling-sconv-fp16-refused",
+            inkling_layers((False,)),
+            block_size=16,
+            num_blocks=16,
+            model_dtype="float16",
+            note="Inkling with a float16 model: InklingConvState's constructor asserts bfloat16.",
         ),
         CaseConfig(
             "glm5next-kda-hybrid",

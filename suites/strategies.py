@@ -47,6 +47,7 @@ FAMILIES = (
     "qsa",
     "encoder_only",
     "dsv4",
+    "inkling",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
@@ -58,7 +59,8 @@ sliding windows) beside extract_hidden_states' ``CacheOnlyAttentionLayer``, and 
 with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpec``), and Qwen4-exp's QSA layers
 (attention with its compressed keys, ``QSACompressedKeyCache``, and its compressor ring, ``QSAKeyStateCache``), and
 BERT-like encoder-only models (``EncoderOnlyAttention``: no KV cache), and DeepSeek V4's caches (per decoder layer
-a sliding window only, CSA with its indexer or HCA: ``deepseek_v4_caches``). A seeded profile's configs
+a sliding window only, CSA with its indexer or HCA: ``deepseek_v4_caches``), and Inkling's decoder layers (its own
+attention classes, each after its short-conv state: ``inkling_layers``). A seeded profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -76,8 +78,10 @@ def _parallel(pick: Callable[[Sequence[Any]], Any], family: str) -> tuple[int, i
     tp = pick((1, 2, 4, 8))
     dcp = pick((1, 2, 4))
     mla = family == "mla_draft"
-    if family in ("swa_hybrid", "encoder_decoder", "hidden_state"):  # hidden_state may draw windows
+    if family in ("swa_hybrid", "encoder_decoder", "hidden_state", "inkling"):  # hidden_state may draw windows
         dcp = 1
+    if family == "inkling":
+        tp = min(tp, total_kv)  # InklingConvState asserts tp_size <= num_kv_heads (no replicated KV heads)
     if family == "encoder_decoder":
         tp = 1
     heads = ModelHeads(total_kv_heads=total_kv, total_attention_heads=total_kv * q_per_kv, use_mla=mla)
@@ -224,6 +228,15 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
             # refuses DCP first (0.33).
             dcp = 1
         block_size = pick((256, block_size))
+    elif family == "inkling":
+        # Inkling's decoder layers (its own classes, on FlashAttention and its short-conv builder): global or local
+        # attention, each after its short-conv state; the packed conv head the power of two its streams pad to.
+        from suites.named_cases import inkling_layers
+
+        inkling_head = pick((64, 128))
+        layers = list(inkling_layers(tuple(pick((False, True)) for _ in range(n)), num_kv_heads=kv_heads,
+                                     head_size=inkling_head, conv_head_size=pick((4, 8)) * inkling_head,
+                                     sconv_kernel_size=pick((4, 8)), sliding_window=pick((64, 512))))
     elif family == "encoder_only":
         # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).
         layers = [attention(f"model.encoder.layer.{i}.attention.self.attn", "encoder_only", cache_dtype="auto")
@@ -264,6 +277,10 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     # be promoted (vLLM refuses; the named case mamba-hybrid-hma-off checks that), so only
     # the attention families draw it.
     disable_hma = pick((False, True)) if family not in ("mamba_hybrid", "encoder_decoder") else False
+    if family == "inkling":
+        # Drawn and then undone, so no later draw moves: Inkling's conv states promoted beside its attention are
+        # not modeled (reference.derive), and its conv-state class asserts a bf16 model.
+        disable_hma, model_dtype = False, "bfloat16"
     if family == "mamba_hybrid" and state_mixers:
         # Drawn last (no other draw moves): the state layers as a MambaBase stand-in with the shapes
         # above, or as one of vLLM's own mixer classes, which computes its state from its geometry.

@@ -195,6 +195,8 @@ def _build_layer(layer, cache_config, vc):
         return _minimax_m3_sparse_attention(layer, layer_cache, vc)
     if kind == "full" and layer.family == "qwen4_exp":
         return _qwen4_exp_qsa_attention(layer, vc)
+    if layer.family == "inkling":
+        return _inkling_attention(layer, vc)
     if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm", "encoder_only"):
         from vllm.model_executor.layers.attention.attention import Attention
 
@@ -351,6 +353,36 @@ def _qwen4_exp_qsa_attention(layer, vc):
     with shims.attributes_set(qsa, is_flash_attn_varlen_func_available=lambda: True):
         return qsa.Qwen4ExpQSAAttention(vllm_config=vc, config=config, layer_id=0,
                                         prefix=layer.name.removesuffix(".attn"))
+
+
+def _inkling_attention(layer, vc):
+    """Inkling's attention (models/inkling/nvidia/attention.py ``InklingAttention``, global or local), as its decoder
+    layer (``InklingDecoderLayer``) builds it: first the layer's short-conv state owner (sconv_swa_attn.py
+    ``InklingConvState``, registered as ``{prefix}.conv_state``), then the attention wired to it. The config carries
+    the case's geometry: KV heads over the TP ranks, the head dim, the hidden size whose per-head share packs the conv
+    state's head (``2 * head_dim + 2 * hidden_size / num_kv_heads``, the case's power of two exactly), the conv kernel
+    (the conv state's window) and the local window; weights stay on meta."""
+    attention = importlib.import_module("vllm.models.inkling.nvidia.attention")
+    sconv = importlib.import_module("vllm.models.inkling.nvidia.sconv_swa_attn")
+    config_cls = _own_layer_class(layer, "vllm.models.inkling.configs", "InklingModelConfig")
+    conv = _INKLING_CONV_STATES[layer.name]
+    total_kv = layer.num_kv_heads * vc.parallel_config.tensor_parallel_size
+    hidden_size = (conv.head_size - 2 * layer.head_size) // 2 * total_kv
+    local = layer.kind == "sliding_window"
+    window = layer.sliding_window or 512
+    config = config_cls(hidden_size=hidden_size, num_attention_heads=Q_HEADS_PER_KV_HEAD * total_kv,
+                        num_key_value_heads=total_kv, head_dim=layer.head_size, sliding_window_size=window,
+                        use_sconv=True, sconv_kernel_size=conv.sliding_window)
+    prefix = layer.name.removesuffix(".attn")
+    owner = sconv.InklingConvState(num_kv_heads=total_kv, head_dim=layer.head_size, hidden_size=hidden_size,
+                                   kernel_size=conv.sliding_window, prefix=f"{prefix}.conv_state")
+    return attention.InklingAttention(config, num_heads=Q_HEADS_PER_KV_HEAD * total_kv, num_kv_heads=total_kv,
+                                      head_dim=layer.head_size, rel_extent=config.rel_extent, local_extent=window,
+                                      is_local=local, prefix=layer.name, quant_config=None, conv_owner=owner)
+
+
+_INKLING_CONV_STATES: dict[str, Any] = {}
+"""The case's Inkling attention layers -> their decoder layer's short-conv state (its case layer; set by ``build_layers``)."""
 
 
 _QSA_INDEXERS: dict[str, tuple[int, int]] = {}
@@ -512,6 +544,10 @@ def _family_owner(layer, by_name: dict[str, Any]):
         owner = by_name.get(layer.name.removesuffix(".index_cache"))
         if owner is not None and owner.family == "minimax_m3":
             return owner
+    if layer.kind == "inkling_conv_state":
+        owner = by_name.get(layer.name.removesuffix(".conv_state") + ".attn")
+        if owner is not None and owner.family == "inkling":
+            return owner
     if layer.kind in ("qsa_key_state", "qsa_compressed_key") and ".indexer." in layer.name:
         owner = by_name.get(layer.name.rsplit(".indexer.", 1)[0] + ".attn")
         if owner is not None and owner.family == "qwen4_exp":
@@ -536,6 +572,9 @@ def build_layers(case, runner: str, vc) -> dict[str, Any]:
         _MINIMAX_INDEX_DIMS.clear()
         _MINIMAX_INDEX_DIMS.update({l.name: by_name[f"{l.name}.index_cache"].head_size
                                     for l in case.layers if l.family == "minimax_m3"})
+        _INKLING_CONV_STATES.clear()
+        _INKLING_CONV_STATES.update({l.name: by_name[l.name.removesuffix(".attn") + ".conv_state"]
+                                     for l in case.layers if l.family == "inkling"})
         _QSA_INDEXERS.clear()
         for l in case.layers:
             if l.family == "qwen4_exp":
