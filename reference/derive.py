@@ -963,7 +963,8 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
                                  sliding_window_packed_as_state=holds(SLIDING_WINDOW_PACKED_AS_STATE, case.vllm_version))
     # Grouping may rescale block sizes; the per-layer specs that matter from here on are
     # the grouped ones.
-    kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes)
+    kv_plan = plan(groups, layout, num_blocks=case.num_blocks, available_memory=case.kv_cache_memory_bytes,
+                   memory_check_divides_by_page=not holds(STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, case.vllm_version))
     # The engine core resolves the scheduler and hash block sizes before any worker builds its runner's
     # attention backends (EngineCore._initialize_kv_caches -> resolve_kv_cache_block_sizes).
     cacheable = [first_layer_spec(g.spec).prefix_cacheable for g in kv_plan.groups]

@@ -536,16 +536,21 @@ def plan(
     *,
     num_blocks: int | None,
     available_memory: int | None,
+    memory_check_divides_by_page: bool = False,
 ) -> KVCachePlan:
-    """Size the pool and place every tensor (``get_kv_cache_config_from_groups``)."""
+    """Size the pool and place every tensor (``get_kv_cache_config_from_groups``). ``memory_check_divides_by_page``:
+    the release's planning runs the memory check, which sizes each spec's need in pages, before anything else
+    divides by a page (vLLM 0.29-0.31, which set no stride alignment)."""
     validate_layout(layout, groups)
     bpb = bytes_per_block(groups, layout)
-    # The memory check sizes each spec's need in pages (max_memory_usage_pages: cdiv(bytes, page)): a page of
-    # 0 bytes divides by zero there, where no stride alignment divided by it first (vLLM 0.30-0.31).
-    for group in groups:
-        for name, spec in _layer_specs(group):
-            if spec.page_size_bytes == 0:
-                raise _zero_page(name, spec, "_check_enough_kv_cache_memory")
+    # The memory check's max_memory_usage_pages (cdiv(bytes, page)) divides by a page of 0 bytes. From 0.32 the
+    # stride alignment divides by it first (bytes_per_block), except in a packed block-outermost pool, whose
+    # planning divides by no page: the engine core's later checks then refuse or pass it as they do.
+    if memory_check_divides_by_page:
+        for group in groups:
+            for name, spec in _layer_specs(group):
+                if spec.page_size_bytes == 0:
+                    raise _zero_page(name, spec, "_check_enough_kv_cache_memory")
     available = num_blocks * bpb if num_blocks is not None else available_memory
     assert available is not None
     # get_kv_cache_configs reserves the null block (block 0) before checking memory.
