@@ -68,7 +68,6 @@ _DSV41 = ("a DeepSeek V4.1 cache: it builds on CPU on the meta device; V4.1 adds
 _HISPARSE = ("HiSparse runs only on CUDA (VllmConfig refuses it elsewhere: 'HiSparse currently requires NVIDIA CUDA'), "
              "on MRv2 with the hybrid manager; v1/hisparse/layout.py derives these specs from the sparse-MLA and indexer "
              "specs and replaces the grouping with its own packing, which the reference does not model; " + _NOT_YET)
-_FAMILY = "a model family's own cache layer in vllm/models; " + _NOT_YET
 
 INVENTORY: tuple[Coverage, ...] = (
     # --- the spec classes ---------------------------------------------------------------------
@@ -152,7 +151,11 @@ INVENTORY: tuple[Coverage, ...] = (
            "hidden_state", "hidden-states-dense-b16", "yes", True,
            "built as a target layer (the extract_hidden_states proposer is not driven)"),
     _layer("model_executor/models/whisper_causal.py", "WhisperCausalAttentionWithBlockPooling",
-           "FullAttentionSpec (tokens_per_state < 1)", why="fractional tokens per state: " + _NOT_YET),
+           "FullAttentionSpec (tokens_per_state < 1)",
+           why="block pooling: tokens_per_state = Fraction(1, block_pool_size), so a block of B tokens holds B x "
+           "block_pool_size states, a window is counted in pooled units, and its own builder expands the slot mappings "
+           "and block tables it hands the kernel; the reference's page, kernel-block and slot arithmetic is integral; "
+           + _NOT_YET),
     _layer("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache", "SlidingWindowMLASpec", "dsv4_swa",
            "dsv4-caches-b256", "yes", True,
            "built as DeepseekV4FlashMLAAttention builds it: 584-byte fp8_ds_mla records in 64-token blocks of its own, "
@@ -175,7 +178,10 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("models/deepseek_v41/attention.py", "DeepseekV4Attention", "MLAAttentionSpec", why=_DSV41),
     _layer("models/deepseek_v41/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV41),
     _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", why=_DSV41),
-    _layer("models/dots3_note/nvidia/model.py", "Dots3NotePaddedMLAAttention", "MLAAttentionSpec (via MLAAttention)", why=_FAMILY),
+    _layer("models/dots3_note/nvidia/model.py", "Dots3NotePaddedMLAAttention", "MLAAttentionSpec (via MLAAttention)",
+           why="dots3's sparse MLA on its Dots3NotePaddedSparseBackend, its spec's head size replaced by the physical "
+           "head size of NOTE's sliding-window rows; it is built inside Dots3NoteFullAttention (a DeepseekV2MLAAttention "
+           "with its indexer), which takes the checkpoint's whole config; " + _NOT_YET),
     _layer("models/glm5next/common/attention.py", "Glm5NextIndexerCache",
            "MLAAttentionSpec (via DeepseekV32IndexerCache, tokens_per_state = index_kpool)", "mla_indexer",
            "glm5next-caches-b128", "yes", True,
@@ -239,15 +245,29 @@ INVENTORY: tuple[Coverage, ...] = (
            "qsa_compressed_key", "qwen4-qsa-caches-b64", "yes", True,
            "one compressed bf16 key per compress_ratio tokens; a ratio not dividing the block is refused by its "
            "constructor (qwen4-qsa-ratio-refused-b16)"),
-    _layer("models/qwen4_exp/nvidia/ple_layer.py", "Qwen4ExpPLELayer", "MambaSpec (via MambaBase)", why=_FAMILY),
+    _layer("models/qwen4_exp/nvidia/ple_layer.py", "Qwen4ExpPLELayer", "MambaSpec (via MambaBase)",
+           why="Qwen4-exp's per-layer-embedding short conv: one conv state of (ple_conv_kernel_size - 1) x ngram_size "
+           "inputs over hidden_size x hc_count channels, replicated on every TP rank (SHORT_CONV). Its model class "
+           "reports only its Gated DeltaNet layers' state to the block-size negotiation "
+           "(get_gdn_mamba_state_shape_from_config), so a case needs GDN and PLE state layers of one model, two mixer "
+           "kinds, which a case does not express yet (one mixer kind a model); " + _NOT_YET),
     _layer("models/qwen4_exp/nvidia/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", "full",
            "qwen4-qsa-own-class-b64", "yes", True,
            "kind full with family qwen4_exp: Qwen4-exp's QSA layer, which picks its own QWEN4_EXP_QSA_TRITON backend "
            "(16-token multiples) and builds its indexer's raw-key ring and compressed keys first; its refusals (BF16 "
            "only, bf16/fp8 main cache, no context parallelism) are predicted (qwen4-qsa-own-class-fp16-refused). Its "
            "impl's FlashAttention availability check is answered as a GPU would (the compiled kernel cannot load on CPU)"),
-    _layer("models/step5/nvidia/csa_tail_ring.py", "Step5CSATailRing", "CircularBufferSpec", why=_FAMILY),
-    _layer("models/step5/nvidia/sparse_summary_cache.py", "Step5SparseSummaryCacheLayer", "FullAttentionSpec", why=_FAMILY),
+    _layer("models/step5/nvidia/csa_tail_ring.py", "Step5CSATailRing", "CircularBufferSpec",
+           why="Step5's ring of the open CSA region's raw indexer rows: one main KV page of 1 KiB rows (at least 7 + "
+           "drafts of them, else it refuses: 'increase --block-size'), the main block size, a 1 KiB stride alignment; "
+           "its main layer is vLLM's Attention on Step5DSAAttentionBackend (head size 192, BLNHC only, an impl built "
+           "from Step5's sparse config with checks of its own: SM90/SM100/SM103, no DCP, bf16 or E4M3 caches), which the "
+           "drivers do not build yet, and MRv1 refuses Step5 outright "
+           "(VllmConfig._get_v1_model_runner_unsupported_features); " + _NOT_YET),
+    _layer("models/step5/nvidia/sparse_summary_cache.py", "Step5SparseSummaryCacheLayer", "FullAttentionSpec",
+           why="Step5's CSA region summaries: one 256-byte FP8 summary per 8 tokens (tokens_per_state 8, uint8, no V) in "
+           "its DSA layer's group, refusing a block size that is no multiple of 8; built beside the DSA attention above "
+           "(wired to its impl); " + _NOT_YET),
 )
 
 
