@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from reference.config import DSV4_KINDS
+from reference.config import DSV4_KINDS, LAYER_OWN_BACKENDS
 
 _NO_DEFAULT = object()
 
@@ -70,7 +70,11 @@ class ModelConfigStandIn:
 
     def __init__(self, case, torch_dtype) -> None:
         targets = [l for l in case.layers if not l.is_draft and l.kind != "mamba"]
-        first = targets[0] if targets else None
+        # The model's attention geometry (its config's heads and head size, which FlashAttention's FA4 hd256 check
+        # reads as the model's): the first layer of the model's own attention, not a side cache its layer class
+        # registers first (an indexer's keys, a QSA ring, Inkling's short-conv state), unless it has nothing else.
+        main = [l for l in targets if l.kind not in LAYER_OWN_BACKENDS]
+        first = (main or targets)[0] if targets else None
         self.dtype = torch_dtype
         self.use_mla = any(l.kind in ("mla", "sliding_window_mla") for l in targets)
         self.max_model_len = case.max_model_len
