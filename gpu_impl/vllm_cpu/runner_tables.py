@@ -275,10 +275,13 @@ class _MRv1Schedule:
             "slot_mappings": [_tolist(slots_by_gid[g]) for g in range(self.num_groups)],
         }
         if self.cross:
-            # _build_attention_metadata: per KV cache group, the runner's own encoder seq lens.
+            # _build_attention_metadata: per KV cache group, the runner's own encoder seq lens, asked with the KV
+            # cache group's spec (a group of several cross specs would be a UniformTypeKVCacheSpecs there).
             scheduled = {req: len(pos) for req, pos in step["batch"]}
+            groups = self.instance.kv_cache_config.kv_cache_groups
             out.update(_crossing("MRv1", lambda: _cross_slot_mappings(self.cross, out["kernel_tables"], step, {
-                gid: self.instance._get_encoder_seq_lens(scheduled, group.kv_cache_spec, n) for gid, _, group in self.cross})))
+                gid: self.instance._get_encoder_seq_lens(scheduled, groups[gid].kv_cache_spec, n)
+                for gid, _, _ in self.cross})))
         if self.sc.get("draft") and self.drafter is not None:
             out.update(_drafting("MRv1 drafter", lambda: self._draft_steps(step, tables, int(self.sc["draft"]["steps"]))))
         return out
