@@ -521,13 +521,7 @@ class CaseConfig:
             if layer.kind == "inkling_conv_state":
                 _check_inkling_owner(self, index, layer)
             if layer.family == "inkling":
-                before = self.layers[index - 1] if index else None
-                prefix = layer.name.removesuffix(".attn")
-                if (not layer.name.endswith(".attn") or before is None or before.name != f"{prefix}.conv_state"
-                        or before.kind != "inkling_conv_state"):
-                    raise ConfigError(f"layer {layer.name!r}: family 'inkling' (InklingAttention) is named '{{prefix}}.attn' "
-                                      f"and wired to its decoder layer's short-conv state: list an 'inkling_conv_state' "
-                                      f"layer {prefix + '.conv_state'!r} right before it")
+                _check_inkling_attention(self, index, layer)
             if layer.family == "minimax_m3":
                 if not layer.name.endswith(".attn"):
                     raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' registers its main cache as "
@@ -661,6 +655,18 @@ def _check_inkling_owner(case: "CaseConfig", index: int, layer: LayerConfig) -> 
     if (layer.head_size - 2 * after.head_size) % 2:
         raise ConfigError(f"layer {layer.name!r}: head_size {layer.head_size} leaves an odd hidden width beside "
                           f"2 * {after.head_size}")
+
+
+def _check_inkling_attention(case: "CaseConfig", index: int, layer: LayerConfig) -> None:
+    """An ``inkling`` layer (``InklingAttention``) is ``{prefix}.attn``, wired to its decoder layer's short-conv state,
+    which the case lists right before it (``_check_inkling_owner`` checks the pair from the state's side)."""
+    before = case.layers[index - 1] if index else None
+    prefix = layer.name.removesuffix(".attn")
+    if (not layer.name.endswith(".attn") or before is None or before.name != f"{prefix}.conv_state"
+            or before.kind != "inkling_conv_state"):
+        raise ConfigError(f"layer {layer.name!r}: family 'inkling' (InklingAttention) is named '{{prefix}}.attn' "
+                          f"and wired to its decoder layer's short-conv state: list an 'inkling_conv_state' "
+                          f"layer {prefix + '.conv_state'!r} right before it")
 
 
 def _check_mixer_case(case: "CaseConfig", layer: LayerConfig) -> None:

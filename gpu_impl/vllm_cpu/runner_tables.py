@@ -279,11 +279,11 @@ class _MRv1Schedule:
             # cache group's spec (a group of several cross specs would be a UniformTypeKVCacheSpecs there).
             scheduled = {req: len(pos) for req, pos in step["batch"]}
             groups = self.instance.kv_cache_config.kv_cache_groups
-            out.update(_crossing("MRv1", lambda: _cross_slot_mappings(self.cross, out["kernel_tables"], step, {
+            out.update(_observed("cross_slot_mappings", "MRv1's cross-attention slots", lambda: _cross_slot_mappings(self.cross, out["kernel_tables"], step, {
                 gid: self.instance._get_encoder_seq_lens(scheduled, groups[gid].kv_cache_spec, n)
                 for gid, _, _ in self.cross})))
         if self.sc.get("draft") and self.drafter is not None:
-            out.update(_drafting("MRv1 drafter", lambda: self._draft_steps(step, tables, int(self.sc["draft"]["steps"]))))
+            out.update(_observed("draft_steps", "MRv1 drafter's draft steps", lambda: self._draft_steps(step, tables, int(self.sc["draft"]["steps"]))))
         return out
 
     def _draft_steps(self, step: Mapping[str, Any], tables: Sequence[Any], count: int) -> list[dict[str, Any]]:
@@ -423,12 +423,12 @@ class _MRv2Schedule:
         }
         if self.cross:
             # EncoderDecoderModelState.prepare_attn: the encoder seq lens of the cross groups.
-            out.update(_crossing("MRv2", lambda: _cross_slot_mappings(
+            out.update(_observed("cross_slot_mappings", "MRv2's cross-attention slots", lambda: _cross_slot_mappings(
                 self.cross, out["kernel_tables"], step,
                 runner.model_state._get_encoder_seq_lens([req for req, _ in step["batch"]], runner.attn_groups, False,
                                                          len(step["batch"])))))
         if self.sc.get("draft") and self.speculator is not None:
-            out.update(_drafting("MRv2 speculator", lambda: self._draft_steps(step, idx, int(self.sc["draft"]["steps"]))))
+            out.update(_observed("draft_steps", "MRv2 speculator's draft steps", lambda: self._draft_steps(step, idx, int(self.sc["draft"]["steps"]))))
         return out
 
     def _draft_steps(self, step: Mapping[str, Any], idx: Sequence[int], count: int) -> list[dict[str, Any]]:
@@ -444,7 +444,7 @@ class _MRv2Schedule:
         import torch
 
         # Optional imports (gpu_impl.vllm_api skips imports under an ImportError handler): releases
-        # before 0.33 keep their speculators elsewhere, and _drafting says so, per step.
+        # before 0.33 keep their speculators elsewhere, and _observed says so, per step.
         try:
             from vllm.config.compilation import CUDAGraphMode
             from vllm.v1.worker.gpu.input_batch import InputBuffers
@@ -505,24 +505,15 @@ class _MRv2Schedule:
         return seen
 
 
-def _drafting(who: str, run) -> dict[str, Any]:
-    """``{"draft_steps": [...]}``, or, where this release's drafter has other methods than
-    the driver calls (an older or newer vLLM), ``{"draft_steps_unsupported": why}``: the
-    step's own tables and slots are still observed and judged."""
+def _observed(key: str, what: str, run) -> dict[str, Any]:
+    """``{key: run()}``, or, where this release's runner, drafter or cross-attention builder has
+    other methods than the driver calls (an older or newer vLLM), ``{key + "_unsupported": why}``
+    (``what`` names the part not reached): the step's own tables and slots are still observed
+    and judged."""
     try:
-        return {"draft_steps": run()}
+        return {key: run()}
     except (AttributeError, TypeError, ImportError) as exc:
-        return {"draft_steps_unsupported": f"{who}'s draft steps not reachable: {type(exc).__name__}: {exc}"}
-
-
-def _crossing(who: str, run) -> dict[str, Any]:
-    """``{"cross_slot_mappings": [...]}``, or where this release's runner or cross-attention
-    builder has other methods than the driver calls, ``{"cross_slot_mappings_unsupported": why}``:
-    the step's own tables and slots are still observed and judged."""
-    try:
-        return {"cross_slot_mappings": run()}
-    except (AttributeError, TypeError, ImportError) as exc:
-        return {"cross_slot_mappings_unsupported": f"{who}'s cross-attention slots not reachable: {type(exc).__name__}: {exc}"}
+        return {f"{key}_unsupported": f"{what} not reachable: {type(exc).__name__}: {exc}"}
 
 
 def _fits(sc: Mapping[str, Any], num_groups: int, instance, block_sizes: Sequence[int] = ()) -> str | None:

@@ -6,6 +6,7 @@ from typing import Mapping, Sequence
 
 from reference.block_tables._common import (
     PAD_SLOT_ID,
+    _cdiv,
     SlotMappingMode,
     _dcp,
     _int,
@@ -197,7 +198,3 @@ def cross_slot_mapping(
                               f"{len(row)}; expected at most {len(row) * K} tokens")
         out += [_int(row[t // K], "block id", minimum=0) * K + t % K for t in range(n)]
     return out
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
