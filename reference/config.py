@@ -133,19 +133,31 @@ STATE_MIXERS: dict[str, tuple[str, str]] = {
     "gated_delta_net": ("GDN_ATTN", "QwenGatedDeltaNetAttention"),
     "kimi_k3_kda": ("KIMI_K3_KDA", "KimiK3DeltaAttention"),
     "glm5next_kda": ("GDN_ATTN", "Glm5NextLinearAttention"),
+    "qwen4_exp_ple": ("PLE_SHORT_CONV_ATTN", "Qwen4ExpPLELayer"),
 }
 """State layers built as vLLM's own class from the mixer's geometry (``LayerConfig.mixer``):
 mixer kind -> (the backend its class names, the class). ``MambaMixer2`` is
 ``model_executor/layers/mamba/mamba_mixer2.py`` (Mamba-2, Nemotron-H), ``QwenGatedDeltaNetAttention``
 ``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`` (Qwen3-Next, Qwen3.5), ``KimiK3DeltaAttention``
-``models/kimi_k3/nvidia/kda.py`` and ``Glm5NextLinearAttention`` ``models/glm5next/common/kda.py`` (KDA)."""
+``models/kimi_k3/nvidia/kda.py`` and ``Glm5NextLinearAttention`` ``models/glm5next/common/kda.py`` (KDA),
+``Qwen4ExpPLELayer`` ``models/qwen4_exp/nvidia/ple_layer.py`` (Qwen4-exp's per-layer-embedding short conv, which
+a Qwen4-exp model has beside its Gated DeltaNet layers: ``MIXER_PAIRS``)."""
 MIXER_FIELDS: dict[str, tuple[str, ...]] = {
     "mamba2": ("num_heads", "head_dim", "n_groups", "state_size", "conv_kernel"),
     "gated_delta_net": ("num_heads", "head_dim", "num_k_heads", "head_k_dim", "conv_kernel"),
     "kimi_k3_kda": ("num_heads", "head_dim", "conv_kernel"),
     "glm5next_kda": ("num_heads", "head_dim", "conv_kernel"),
+    "qwen4_exp_ple": ("hidden_size", "hc_count", "ngram_size", "conv_kernel"),
 }
 """The geometry each mixer kind is built from (every other ``StateMixer`` field stays unset)."""
+MIXER_PAIRS: dict[frozenset[str], str] = {
+    frozenset({"gated_delta_net", "qwen4_exp_ple"}): "Qwen4ExpForCausalLM",
+}
+"""Mixer kinds one model has side by side, and its model class: Qwen4-exp's Gated DeltaNet layers and the
+PLE short convs of its ``ple_layer_ids`` (``get_mamba_specs_from_config`` reports both states to the
+block-size negotiation, which takes the larger page). Any other model's state layers are one mixer."""
+MIXER_ALONE_REFUSED = {"qwen4_exp_ple": "gated_delta_net"}
+"""A mixer kind that exists only beside another (its model class reports the other's state too)."""
 MAMBA_DTYPES = ("auto", "float32", "float16", "bfloat16")
 """``--mamba-cache-dtype`` / ``--mamba-ssm-cache-dtype`` values (vllm/config/cache.py ``MambaDType``)."""
 MAX_MIXER_DIM = 1 << 16
@@ -200,13 +212,13 @@ class StateMixer:
 
     kind: str
     """One of ``STATE_MIXERS``."""
-    num_heads: int
+    num_heads: int | None = None
     """Mamba-2 heads (``mamba_num_heads``), GDN value heads (``linear_num_value_heads``) or KDA heads."""
-    head_dim: int
+    head_dim: int | None = None
     """Mamba-2 head dim, GDN value head dim (``linear_value_head_dim``) or KDA head dim."""
     conv_kernel: int = 4
-    """The short convolution's kernel width (``conv_kernel`` / ``linear_conv_kernel_dim``); its
-    state keeps ``conv_kernel - 1`` inputs."""
+    """The short convolution's kernel width (``conv_kernel`` / ``linear_conv_kernel_dim`` /
+    ``ple_conv_kernel_size``); its state keeps ``conv_kernel - 1`` inputs (PLE: times ``ngram_size``)."""
     num_k_heads: int | None = None
     """GDN only: key heads (``linear_num_key_heads``)."""
     head_k_dim: int | None = None
@@ -215,13 +227,22 @@ class StateMixer:
     """Mamba-2 only: B/C groups (``n_groups``)."""
     state_size: int | None = None
     """Mamba-2 only: the SSM state size (``ssm_state_size``)."""
+    hidden_size: int | None = None
+    """PLE only: the model's hidden size (``hidden_size``); the conv runs over ``hidden_size * hc_count``
+    channels, on every TP rank whole (the state is TP-replicated)."""
+    hc_count: int | None = None
+    """PLE only: the hyper-connection streams (``hc_count``)."""
+    ngram_size: int | None = None
+    """PLE only: the conv's dilation (``ngram_size``): its state keeps ``(conv_kernel - 1) * ngram_size``
+    inputs."""
 
     def __post_init__(self) -> None:
         owner = "mixer "
         if self.kind not in STATE_MIXERS:
             raise ConfigError(f"mixer kind {self.kind!r} is not one of {', '.join(STATE_MIXERS)}")
         wanted = MIXER_FIELDS[self.kind]
-        for name in ("num_heads", "head_dim", "conv_kernel", "num_k_heads", "head_k_dim", "n_groups", "state_size"):
+        for name in ("num_heads", "head_dim", "conv_kernel", "num_k_heads", "head_k_dim", "n_groups", "state_size",
+                     "hidden_size", "hc_count", "ngram_size"):
             value = getattr(self, name)
             if name in wanted:
                 if value is None:
@@ -229,6 +250,15 @@ class StateMixer:
                 _int(owner, name, value, 2 if name == "conv_kernel" else 1, MAX_MIXER_DIM)
             elif value is not None:
                 raise ConfigError(f"mixer {self.kind!r}: {name} {value!r} is not one of its fields ({', '.join(wanted)})")
+        if self.kind == "qwen4_exp_ple" and self.hidden_size * self.hc_count > MAX_MIXER_DIM:
+            # The conv runs over hidden_size x hc_count channels (the state's width, and the width of the
+            # layer's weights the drivers build): bounded as every mixer dimension is.
+            raise ConfigError(f"mixer 'qwen4_exp_ple': hidden_size {self.hidden_size} x hc_count {self.hc_count} = "
+                              f"{self.hidden_size * self.hc_count} channels; expected at most {MAX_MIXER_DIM}")
+        if self.kind == "qwen4_exp_ple" and (self.conv_kernel - 1) * self.ngram_size * self.hidden_size * self.hc_count > MAX_STATE_ELEMENTS:
+            raise ConfigError(f"mixer 'qwen4_exp_ple': its conv state ((conv_kernel - 1) x ngram_size = "
+                              f"{(self.conv_kernel - 1) * self.ngram_size} inputs of {self.hidden_size * self.hc_count}) "
+                              f"has more than {MAX_STATE_ELEMENTS} elements")
         if self.kind == "mamba2" and self.num_heads % self.n_groups:
             raise ConfigError(f"mixer 'mamba2': num_heads {self.num_heads} must be a multiple of n_groups {self.n_groups} "
                               f"(each Mamba-2 head reads one group's B and C)")
@@ -531,13 +561,7 @@ class CaseConfig:
                     raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' (MiniMaxM3SparseAttention) builds its "
                                       f"indexer's key cache too: list a 'minimax_indexer' layer named "
                                       f"{layer.name + '.index_cache'!r} right before it (vLLM registers it first)")
-        mixers = {layer.mixer for layer in self.layers if layer.kind == "mamba"}
-        if len(mixers) > 1:
-            # A model class reports one state to the block-size negotiation (its
-            # get_mamba_state_shape_from_config): a model's state layers are one mixer, or stand-ins.
-            raise ConfigError(f"case {self.name!r}: its state layers are built as "
-                              f"{sorted(m.kind if m else 'stand-in' for m in mixers)}; a model's state layers "
-                              f"share one mixer (its model class reports one state)")
+        _check_one_model_of_mixers(self)
 
     # --- JSON ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -669,6 +693,23 @@ def _check_inkling_attention(case: "CaseConfig", index: int, layer: LayerConfig)
                           f"layer {prefix + '.conv_state'!r} right before it")
 
 
+def _check_one_model_of_mixers(case: "CaseConfig") -> None:
+    """A model class reports its state to the block-size negotiation (``get_mamba_state_shape_from_config``,
+    Qwen4-exp's ``get_mamba_specs_from_config``): a model's state layers are one mixer (one geometry), the
+    two of a ``MIXER_PAIRS`` model, or stand-ins."""
+    mixers = {layer.mixer for layer in case.layers if layer.kind == "mamba"}
+    kinds = sorted(m.kind if m else "stand-in" for m in mixers)
+    if len(mixers) > 1 and not (None not in mixers and len({m.kind for m in mixers}) == len(mixers) == 2
+                                and frozenset(kinds) in MIXER_PAIRS):
+        pairs = "; ".join(" + ".join(sorted(pair)) + f" ({cls})" for pair, cls in MIXER_PAIRS.items())
+        raise ConfigError(f"case {case.name!r}: its state layers are built as {kinds}; a model's state layers "
+                          f"share one mixer (its model class reports one state), or are one of the pairs {pairs}")
+    for alone, partner in MIXER_ALONE_REFUSED.items():
+        if kinds == [alone]:
+            raise ConfigError(f"case {case.name!r}: a {alone!r} mixer needs {partner!r} mixer layers beside it "
+                              f"(its model, {MIXER_PAIRS[frozenset({alone, partner})]}, reports both states)")
+
+
 def _check_mixer_case(case: "CaseConfig", layer: LayerConfig) -> None:
     """A mixer layer is a generation-2 case's (no mixer class is driven on the releases before), and
     GDN's and KDA's heads split across the TP ranks (their classes assert it, with no message).
@@ -679,7 +720,7 @@ def _check_mixer_case(case: "CaseConfig", layer: LayerConfig) -> None:
                           f"cases give mamba_shapes")
     mixer, tp = layer.mixer, case.tensor_parallel_size
     assert mixer is not None
-    if mixer.kind != "mamba2" and mixer.num_heads % tp:
+    if mixer.kind in ("gated_delta_net", "kimi_k3_kda", "glm5next_kda") and mixer.num_heads % tp:
         # GDN's sharded projections and KDA's head split assert it, without a message to predict.
         raise ConfigError(f"layer {layer.name!r}: mixer num_heads {mixer.num_heads} is not divisible by "
                           f"tensor_parallel_size {tp}")

@@ -26,7 +26,7 @@ from reference.releases import (DSV4_INDEXER_REFUSES_DCP, FLASHINFER_SM90_REFUSE
                                 SLIDING_WINDOW_PACKED_AS_STATE,
                                 STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds)
 from reference.specs import AttentionSpec, LayerSpec, MambaSpec, MultipleOf, SpecKind, first_layer_spec, layer_spec_of
-from reference.state_mixers import construction_refusal, layer_state
+from reference.state_mixers import construction_refusal, layer_state, state_is_tp_replicated
 from reference.views import BlockBytes, LayerBytes, TensorView, create_views, effective_packing, layer_bytes
 
 _KIND = {
@@ -268,6 +268,7 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
             mamba_type=backend.name.removesuffix("_ATTN"),
             is_draft=layer.is_draft,
             mamba_cache_mode=case.mamba_cache_mode,
+            tp_replicated=state_is_tp_replicated(layer),
         )
     kind = _KIND[layer.kind]
     dtype = storage_dtype(layer.cache_dtype, case.model_dtype)

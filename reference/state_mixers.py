@@ -32,7 +32,7 @@ def _extra_groups(n_groups: int, tp: int) -> int:
 
 
 def state_shapes(mixer: StateMixer, tp: int) -> tuple[tuple[int, ...], ...]:
-    """Per TP rank: ``(conv_state, ssm_state)``."""
+    """Per TP rank: ``(conv_state, ssm_state)``; a PLE short conv's ``(conv_state,)``."""
     state_len = mixer.conv_kernel - 1
     if mixer.kind == "mamba2":
         assert mixer.n_groups is not None and mixer.state_size is not None
@@ -46,6 +46,11 @@ def state_shapes(mixer: StateMixer, tp: int) -> tuple[tuple[int, ...], ...]:
         # The recurrent state is (value heads, value dim, key dim).
         return ((state_len, _divide(conv_dim, tp, "conv dim")),
                 (_divide(mixer.num_heads, tp, "num_heads"), mixer.head_dim, mixer.head_k_dim))
+    if mixer.kind == "qwen4_exp_ple":
+        # One conv state over every hyper-connection stream of the hidden size, dilated by the n-gram size,
+        # whole on every TP rank (short_conv_state_shape with tp_world_size=1): no SSM state.
+        assert mixer.hidden_size is not None and mixer.hc_count is not None and mixer.ngram_size is not None
+        return ((state_len * mixer.ngram_size, mixer.hidden_size * mixer.hc_count),)
     if mixer.kind in ("kimi_k3_kda", "glm5next_kda"):
         # KDA: q, k and v each num_heads x head_dim through the conv; a square recurrent state per head.
         conv_dim = 3 * mixer.num_heads * mixer.head_dim
@@ -54,11 +59,13 @@ def state_shapes(mixer: StateMixer, tp: int) -> tuple[tuple[int, ...], ...]:
     raise ConfigError(f"mixer kind {mixer.kind!r} has no state model")
 
 
-def state_dtypes(mixer: StateMixer, model_dtype: str, mamba_cache_dtype: str, mamba_ssm_cache_dtype: str) -> tuple[str, str]:
-    """``(conv_state, ssm_state)`` dtype names: the conv state is ``--mamba-cache-dtype`` (``auto``:
-    the model dtype); the SSM state ``--mamba-ssm-cache-dtype``, whose ``auto`` is the conv dtype for
+def state_dtypes(mixer: StateMixer, model_dtype: str, mamba_cache_dtype: str, mamba_ssm_cache_dtype: str) -> tuple[str, ...]:
+    """``(conv_state, ssm_state)`` dtype names (PLE: the conv state's alone): the conv state is
+    ``--mamba-cache-dtype`` (``auto``: the model dtype); the SSM state ``--mamba-ssm-cache-dtype``, whose ``auto`` is the conv dtype for
     Mamba-2 and GDN and float32 for KDA (``kda_state_dtype``, which refuses float16)."""
     conv = canonical_model_dtype(model_dtype) if mamba_cache_dtype == "auto" else mamba_cache_dtype
+    if mixer.kind == "qwen4_exp_ple":
+        return (conv,)  # short_conv_state_dtype: the conv state alone
     if mixer.kind in ("kimi_k3_kda", "glm5next_kda"):
         if mamba_ssm_cache_dtype == "auto":
             return conv, "float32"
@@ -74,10 +81,17 @@ def layer_state(case: CaseConfig, layer: LayerConfig) -> tuple[tuple[tuple[int, 
     return layer.mamba_shapes, layer.mamba_dtypes or (DEFAULT_STATE_DTYPE,) * len(layer.mamba_shapes)
 
 
+def state_is_tp_replicated(layer: LayerConfig) -> bool:
+    """Whether every TP rank holds the layer's whole state (``MambaBase.is_kv_cache_tp_replicated``): Qwen4-exp's
+    PLE short conv (its projections are not TP-split); every other state is sharded by heads."""
+    return layer.mixer is not None and layer.mixer.kind == "qwen4_exp_ple"
+
+
 def construction_refusal(case: CaseConfig, layer: LayerConfig) -> tuple[str, str] | None:
     """``(message, where)`` of what the mixer's class raises for this case, or None:
     ``MambaMixer2.__init__`` asserts the TP size divides its heads, and its groups unless there is one;
-    ``kda_state_dtype`` refuses a float16 recurrent state (ValueError)."""
+    ``kda_state_dtype`` refuses a float16 recurrent state (ValueError); Qwen4-exp's PLE n-gram embedding an
+    n-gram size below 2."""
     mixer, tp = layer.mixer, case.tensor_parallel_size
     if mixer is None:
         return None
@@ -88,6 +102,8 @@ def construction_refusal(case: CaseConfig, layer: LayerConfig) -> tuple[str, str
         if mixer.n_groups % tp and mixer.n_groups != 1:
             return ("If tensor parallel world size does not divide num_groups, then num_groups must equal 1.",
                     "MambaMixer2.__init__")
+    if mixer.kind == "qwen4_exp_ple" and mixer.ngram_size is not None and mixer.ngram_size < 2:
+        return f"ngram_size must be >= 2, got {mixer.ngram_size}", "Qwen4ExpNGramEmbedding.__init__"
     if mixer.kind in ("kimi_k3_kda", "glm5next_kda") and case.mamba_ssm_cache_dtype not in ("auto", "float32", "bfloat16"):
         return (f"KDA recurrent state supports only auto, float32, and bfloat16; got {case.mamba_ssm_cache_dtype}",
                 "MambaStateDtypeCalculator.kda_state_dtype")

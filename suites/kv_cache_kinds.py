@@ -245,12 +245,13 @@ INVENTORY: tuple[Coverage, ...] = (
            "qsa_compressed_key", "qwen4-qsa-caches-b64", "yes", True,
            "one compressed bf16 key per compress_ratio tokens; a ratio not dividing the block is refused by its "
            "constructor (qwen4-qsa-ratio-refused-b16)"),
-    _layer("models/qwen4_exp/nvidia/ple_layer.py", "Qwen4ExpPLELayer", "MambaSpec (via MambaBase)",
-           why="Qwen4-exp's per-layer-embedding short conv: one conv state of (ple_conv_kernel_size - 1) x ngram_size "
-           "inputs over hidden_size x hc_count channels, replicated on every TP rank (SHORT_CONV). Its model class "
-           "reports only its Gated DeltaNet layers' state to the block-size negotiation "
-           "(get_gdn_mamba_state_shape_from_config), so a case needs GDN and PLE state layers of one model, two mixer "
-           "kinds, which a case does not express yet (one mixer kind a model); " + _NOT_YET),
+    _layer("models/qwen4_exp/nvidia/ple_layer.py", "Qwen4ExpPLELayer", "MambaSpec (via MambaBase)", "mamba",
+           "qwen4-exp-gdn-ple-b64", "yes", True,
+           "mixer kind qwen4_exp_ple beside gated_delta_net (a Qwen4-exp model's two state layouts): built as "
+           "Qwen4ExpDecoderLayer builds it ({prefix}.ple) from a Qwen4ExpTextConfig carrying both geometries, on its "
+           "own PLE_SHORT_CONV_ATTN backend; one conv state of (ple_conv_kernel_size - 1) x ngram_size inputs over "
+           "hidden_size x hc_count channels, whole on every TP rank (tp_replicated: qwen4-exp-gdn-ple-tp2). The block-size "
+           "negotiation asks Qwen4ExpForCausalLM.get_mamba_specs_from_config and takes the larger page"),
     _layer("models/qwen4_exp/nvidia/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec", "full",
            "qwen4-qsa-own-class-b64", "yes", True,
            "kind full with family qwen4_exp: Qwen4-exp's QSA layer, which picks its own QWEN4_EXP_QSA_TRITON backend "

@@ -203,6 +203,18 @@ def _attention_and_mixers(mixer: StateMixer, *, num_kv_heads: int = 2, mixers: i
     return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + states
 
 
+def _qwen4_exp_gdn_and_ple(*, num_kv_heads: int = 2) -> tuple[LayerConfig, ...]:
+    """Qwen4-exp's state layers: two attention layers, then two Gated DeltaNet layers, the first of which (a
+    ``ple_layer_ids`` layer) also has its decoder layer's PLE short conv (``{prefix}.ple``, Qwen4ExpPLELayer)."""
+    gdn = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
+    ple = StateMixer("qwen4_exp_ple", hidden_size=512, hc_count=4, ngram_size=3)
+    return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + (
+        LayerConfig("model.layers.2.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+        LayerConfig("model.layers.2.ple", kind="mamba", backend="PLE_SHORT_CONV_ATTN", mixer=ple),
+        LayerConfig("model.layers.3.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+    )
+
+
 def _kimi_k3_like_mla_hybrid() -> tuple[LayerConfig, ...]:
     """Kimi K3's shape: two MLA layers, then two KDA mixers on their own backend."""
     return (tuple(LayerConfig(f"model.layers.{i}.self_attn.attn", kind="mla", backend="FLASHMLA", head_size=576)
@@ -470,6 +482,26 @@ def _build() -> dict[str, CaseConfig]:
             mamba_ssm_cache_dtype="bfloat16",
             note="Glm5NextLinearAttention with --mamba-ssm-cache-dtype bfloat16: conv (3, 384) + recurrent (4, 32, 32) "
             "bf16 = 10496 bytes.",
+        ),
+        CaseConfig(
+            "qwen4-exp-gdn-ple-b64",
+            _qwen4_exp_gdn_and_ple(),
+            block_size=64,
+            num_blocks=16,
+            note="Qwen4-exp's two state layouts: GDN conv (3, 256) + recurrent (4, 32, 32) = 9728 bytes, and a PLE short "
+            "conv (9, 2048) = 36864 bytes (3 inputs dilated by the n-gram size 3, over 512 x 4 hyper-connection "
+            "channels). The model class reports both (get_mamba_specs_from_config); the larger outgrows the 64-token "
+            "attention page (32768 bytes), so the block becomes 128 and both states are padded to 65536 bytes.",
+        ),
+        CaseConfig(
+            "qwen4-exp-gdn-ple-tp2",
+            _qwen4_exp_gdn_and_ple(num_kv_heads=1),
+            block_size=64,
+            num_blocks=16,
+            tensor_parallel_size=2,
+            note="At TP 2 the GDN state halves (conv (3, 128) + recurrent (2, 32, 32) = 4864 bytes) while the PLE conv "
+            "state stays whole on every rank (is_kv_cache_tp_replicated: 36864 bytes), so the one-head attention block goes from 64 to 192 "
+            "tokens (three 64-token alignments) and both states are padded to 49152 bytes.",
         ),
         CaseConfig(
             "gdn-state-raises-block-size",

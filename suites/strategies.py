@@ -118,13 +118,22 @@ def _with_mixers(layers: list[LayerConfig], kind: str, pick: Callable[[Sequence[
         # One group is replicated to every head shard; two need a TP size that divides them.
         mixer = StateMixer(kind, num_heads=heads, head_dim=16, n_groups=pick((1, 2)) if tp <= 2 else 1,
                            state_size=pick((8, 16)), conv_kernel=pick((4, 2)))
-    elif kind == "gated_delta_net":
-        mixer = StateMixer(kind, num_heads=heads, head_dim=16, num_k_heads=pick((8, 16)), head_k_dim=8)
+    elif kind in ("gated_delta_net", "qwen4_exp_ple"):
+        mixer = StateMixer("gated_delta_net", num_heads=heads, head_dim=16, num_k_heads=pick((8, 16)), head_k_dim=8)
     else:
         mixer = StateMixer(kind, num_heads=heads, head_dim=pick((8, 16)), conv_kernel=pick((4, 3)))
-    backend = STATE_MIXERS[kind][0]
-    return [replace(layer, backend=backend, mamba_shapes=(), mamba_dtypes=(), mixer=mixer) if layer.kind == "mamba" else layer
-            for layer in layers]
+    rebuilt = []
+    for layer in layers:
+        if layer.kind != "mamba":
+            rebuilt.append(layer)
+            continue
+        rebuilt.append(replace(layer, backend=STATE_MIXERS[mixer.kind][0], mamba_shapes=(), mamba_dtypes=(), mixer=mixer))
+        if kind == "qwen4_exp_ple" and not any(l.mixer and l.mixer.kind == kind for l in rebuilt):
+            # Qwen4-exp: Gated DeltaNet layers, the first with its decoder layer's PLE short conv beside it.
+            ple = StateMixer(kind, hidden_size=pick((64, 256, 512)), hc_count=pick((4, 2)), ngram_size=pick((3, 2, 4)),
+                             conv_kernel=pick((4, 3)))
+            rebuilt.append(LayerConfig(f"{layer.name}.ple", kind="mamba", backend=STATE_MIXERS[kind][0], mixer=ple))
+    return rebuilt
 
 
 def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int], int], *, name: str = "random", max_layers: int = 4, max_blocks: int = 4,

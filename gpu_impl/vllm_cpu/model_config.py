@@ -112,11 +112,11 @@ class ModelConfigStandIn:
         self._state_layer = max(states, key=_state_bytes) if states else None
         # A model of vLLM's own mixer layers: its config is the family's (what the mixer and the
         # family's model class read), its state the family model class's answer.
-        self._mixer = next((l.mixer for l in states if getattr(l, "mixer", None) is not None), None)
-        if self._mixer is not None:
-            from gpu_impl.vllm_cpu import mixers
+        from gpu_impl.vllm_cpu import mixers
 
-            self.hf_config = self.hf_text_config = mixers.hf_config(self._mixer)
+        self._mixers = mixers.case_mixers(case)
+        if self._mixers:
+            self.hf_config = self.hf_text_config = mixers.hf_config(self._mixers)
         self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
 
     def __getattr__(self, name: str):
@@ -156,11 +156,11 @@ class ModelConfigStandIn:
 
     def mixer_model_class(self) -> Any:
         """The model class of the case's mixer family (None for stand-in state layers)."""
-        if self._mixer is None:
+        if not self._mixers:
             return None
         from gpu_impl.vllm_cpu import mixers
 
-        return mixers.model_class(self._mixer)
+        return mixers.model_class(self._mixers)
 
     def state_shapes_and_dtypes(self) -> tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]:
         """The case's Mamba state (shapes, torch dtypes), as its model class reports them."""
@@ -182,6 +182,8 @@ def negotiate_hybrid_block_size(vc: Any) -> None:
     from vllm.platforms.interface import Platform
 
     architecture = register_hybrid_model_class()
+    if hasattr(vc.model_config.mixer_model_class(), "get_mamba_specs_from_config"):
+        architecture = MULTI_STATE_HYBRID_ARCHITECTURE
     vc.model_config.architecture = architecture
     vc.model_config.architectures = [architecture]
     if hasattr(Platform, "_align_hybrid_block_size"):
@@ -203,6 +205,8 @@ def _state_bytes(layer) -> int:
 
 HYBRID_ARCHITECTURE = "KvconformCaseHybridForCausalLM"
 """The architecture name under which ``hybrid_model_class`` is registered with vLLM's ModelRegistry."""
+MULTI_STATE_HYBRID_ARCHITECTURE = "KvconformCaseMultiStateHybridForCausalLM"
+"""The same, for a model whose family class reports several state layouts (``get_mamba_specs_from_config``)."""
 
 
 def register_hybrid_model_class() -> str:
@@ -239,7 +243,16 @@ def register_hybrid_model_class() -> str:
             def embed_input_ids(self, input_ids):  # the registry inspects for it; never called
                 raise NotImplementedError
 
+        class KvconformCaseMultiStateHybridForCausalLM(KvconformCaseHybridForCausalLM):
+            """A hybrid model of two state layouts (Qwen4-exp's GDN and PLE states): the negotiation asks its
+            ``get_mamba_specs_from_config`` (it checks for the method on the class) and takes the larger page."""
+
+            @classmethod
+            def get_mamba_specs_from_config(cls, vllm_config):
+                return vllm_config.model_config.mixer_model_class().get_mamba_specs_from_config(vllm_config)
+
         ModelRegistry.register_model(HYBRID_ARCHITECTURE, KvconformCaseHybridForCausalLM)
+        ModelRegistry.register_model(MULTI_STATE_HYBRID_ARCHITECTURE, KvconformCaseMultiStateHybridForCausalLM)
         _REGISTERED = True
     return HYBRID_ARCHITECTURE
 
@@ -247,4 +260,4 @@ def register_hybrid_model_class() -> str:
 _REGISTERED = False
 
 
-__all__ = ["HYBRID_ARCHITECTURE", "ModelConfigStandIn", "negotiate_hybrid_block_size", "register_hybrid_model_class"]
+__all__ = ["HYBRID_ARCHITECTURE", "MULTI_STATE_HYBRID_ARCHITECTURE", "ModelConfigStandIn", "negotiate_hybrid_block_size", "register_hybrid_model_class"]

@@ -305,7 +305,8 @@ def _build_layer(layer, cache_config, vc):
     if kind == "mamba" and layer.mixer is not None:
         from gpu_impl.vllm_cpu import mixers
 
-        return mixers.build_layer(layer, vc, lambda module, name: _own_layer_class(layer, module, name))
+        return mixers.build_layer(layer, vc, vc.model_config.hf_text_config,
+                                  lambda module, name: _own_layer_class(layer, module, name))
     if kind == "mamba":
         return _state_space_layer(layer, fc)
     raise RunnerUnavailable(f"layer {layer.name!r}: kind {kind!r} has no layer builder")
@@ -691,11 +692,14 @@ def _mrv2_runner(case, vc, device):
     model = nn.Module()
     model.layers = nn.ModuleList([fc[l.name] for l in case.layers if isinstance(fc.get(l.name), nn.Module)])
     if any(l.kind == "mamba" for l in case.layers):
-        # A hybrid model's class answers which functions copy its Mamba state (align mode):
-        # the Mamba2 model's own (vllm/model_executor/models/mamba2.py).
+        # A hybrid model's class answers which functions copy its Mamba state (align mode): the mixers' family's
+        # own (Qwen4-exp's maps GDN and PLE states to theirs), else the Mamba2 model's
+        # (vllm/model_executor/models/mamba2.py).
         from vllm.model_executor.models.mamba2 import Mamba2ForCausalLM
 
-        model.get_mamba_state_copy_funcs = Mamba2ForCausalLM.get_mamba_state_copy_funcs
+        family = vc.model_config.mixer_model_class()
+        model.get_mamba_state_copy_funcs = getattr(family, "get_mamba_state_copy_funcs",
+                                                   Mamba2ForCausalLM.get_mamba_state_copy_funcs)
     r = _stand_in(
         GPUModelRunner,
         **_runner_basics(case, vc, device),

@@ -516,16 +516,23 @@ def conv_state_layout(layout: str | None) -> Iterator[None]:
 @contextlib.contextmanager
 def tensor_parallel_group(world_size: int) -> Iterator[None]:
     """vLLM's tensor-parallel process group as rank 0 of ``world_size`` where none is initialised
-    (no torch.distributed here): MiniMax M3's indexer metadata builder divides its index heads by it."""
+    (no torch.distributed here): MiniMax M3's indexer metadata builder divides its index heads by it. The
+    Engram TP group (from 0.33, read by Qwen4-exp's PLE n-gram embedding) is that group, as
+    ``initialize_model_parallel`` makes it without an engram config."""
     import vllm.distributed.parallel_state as ps
 
     saved = getattr(ps, "_TP", None)
+    saved_etp = getattr(ps, "_ETP", None)
     if saved is None:
         ps._TP = _RankZeroGroup(max(world_size, 1))
+        if hasattr(ps, "_ETP") and saved_etp is None:
+            ps._ETP = ps._TP
     try:
         yield
     finally:
         ps._TP = saved
+        if hasattr(ps, "_ETP"):
+            ps._ETP = saved_etp
 
 
 def _patch_mla_kernel_checks() -> None:
@@ -691,6 +698,7 @@ LAYER_OWNED_BACKENDS = {
     "QWEN4_EXP_EXP_QSA_STATE": ("vllm.models.qwen4_exp.common.qsa_cache", "QSAStateBackend"),
     "CACHE_ONLY_ATTN": ("vllm.model_executor.models.extract_hidden_states", "CacheOnlyAttentionBackend"),
     "KIMI_K3_KDA": ("vllm.models.kimi_k3.nvidia.kda_metadata", "KimiK3KDAAttentionBackend"),
+    "PLE_SHORT_CONV_ATTN": ("vllm.v1.attention.backends.short_conv_attn", "PleShortConvAttentionBackend"),
     # DeepSeek V4's FlashMLA path: DeepseekV4FlashMLAAttention.swa_backend_cls (named DEEPSEEK_SPARSE_SWA,
     # like the default it subclasses), the C4 indexer's and the compressors' backends.
     "DEEPSEEK_SPARSE_SWA": ("vllm.models.deepseek_v4.nvidia.flashmla", "DeepseekSparseSWAFlashMLABackend"),

@@ -17,7 +17,7 @@ from reference.state_mixers import state_dtypes, state_shapes
 from suites.named_cases import CASES
 
 MIXER_CASES = ("mamba2-mixer-hybrid", "mamba2-mixer-tp2-one-group", "qwen3-next-gdn-hybrid", "kimi-k3-kda-hybrid",
-               "glm5next-kda-hybrid")
+               "glm5next-kda-hybrid", "qwen4-exp-gdn-ple-b64")
 
 
 def _case(mixer: StateMixer, **case: object) -> CaseConfig:
@@ -170,3 +170,88 @@ def test_align_mode_gives_the_state_the_attention_block() -> None:
     (state,) = [g for g in derive(case).groups if g.spec.kind.name == "MAMBA"]
     assert state.spec.block_size == case.block_size
 
+
+
+# --- Qwen4-exp: Gated DeltaNet layers and a PLE short conv, two state layouts of one model ----------------
+
+
+def _qwen4_exp(ple: StateMixer, **case: object) -> CaseConfig:
+    gdn = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
+    layers = uniform_layers(1, num_kv_heads=2, head_size=64) + (
+        LayerConfig("model.layers.1.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+        LayerConfig("model.layers.1.ple", kind="mamba", backend="PLE_SHORT_CONV_ATTN", mixer=ple),
+    )
+    return CaseConfig("qwen4", layers, **case)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("ple", "tp", "shapes"), [
+    # One conv state of (kernel - 1) x ngram_size inputs over hidden_size x hc_count channels.
+    (StateMixer("qwen4_exp_ple", hidden_size=512, hc_count=4, ngram_size=3), 1, ((9, 2048),)),
+    (StateMixer("qwen4_exp_ple", hidden_size=64, hc_count=2, ngram_size=2, conv_kernel=3), 1, ((4, 128),)),
+    # Replicated, not sharded: every TP rank holds the whole state.
+    (StateMixer("qwen4_exp_ple", hidden_size=512, hc_count=4, ngram_size=3), 4, ((9, 2048),)),
+])
+def test_the_ple_conv_state_is_dilated_and_tp_replicated(ple: StateMixer, tp: int, shapes: tuple) -> None:
+    assert state_shapes(ple, tp) == shapes
+    assert state_dtypes(ple, "bfloat16", "auto", "float32") == ("bfloat16",)  # no SSM state to take float32
+    assert state_dtypes(ple, "bfloat16", "float32", "auto") == ("float32",)
+    case = _qwen4_exp(ple, tensor_parallel_size=tp if tp <= 2 else 2)
+    spec = raw_spec(case, case.layers[-1], bk.get_backend("PLE_SHORT_CONV_ATTN"))
+    assert spec.tp_replicated and not raw_spec(case, case.layers[1], bk.get_backend("GDN_ATTN")).tp_replicated
+
+
+def test_the_larger_of_qwen4_exps_two_states_sets_the_block() -> None:
+    """get_mamba_specs_from_config reports both states; the negotiation takes the larger page (here the PLE's),
+    and pads both to the attention page."""
+    from reference.derive import hybrid_block_size
+
+    case = CASES["qwen4-exp-gdn-ple-b64"]
+    ple_page = 9 * 2048 * 2
+    assert ple_page > 9728 and ple_page > 64 * 512  # larger than the GDN state and the 64-token attention page
+    assert hybrid_block_size(case) == (128, 128 * 512)
+    d = derive(case)
+    assert {g.spec.page_size_bytes for g in d.groups} == {128 * 512}
+    tp2 = CASES["qwen4-exp-gdn-ple-tp2"]  # the GDN state halves, the PLE's does not
+    assert hybrid_block_size(tp2) == (192, 192 * 256)
+
+
+def test_qwen4_exps_mixers_are_a_pair_and_the_ple_never_alone() -> None:
+    ple = StateMixer("qwen4_exp_ple", hidden_size=64, hc_count=4, ngram_size=3)
+    assert [l.mixer.kind for l in _qwen4_exp(ple).layers if l.mixer] == ["gated_delta_net", "qwen4_exp_ple"]
+    alone = uniform_layers(1, num_kv_heads=2, head_size=64) + (
+        LayerConfig("model.layers.1.ple", kind="mamba", backend="PLE_SHORT_CONV_ATTN", mixer=ple),)
+    with pytest.raises(ConfigError, match="a 'qwen4_exp_ple' mixer needs 'gated_delta_net' mixer layers beside it "
+                                          r"\(its model, Qwen4ExpForCausalLM, reports both states\)"):
+        CaseConfig("ple-alone", alone)
+    kda = StateMixer("glm5next_kda", num_heads=4, head_dim=32)
+    with pytest.raises(ConfigError, match=r"built as \['glm5next_kda', 'qwen4_exp_ple'\].*one of the pairs "
+                                          r"gated_delta_net \+ qwen4_exp_ple \(Qwen4ExpForCausalLM\)"):
+        CaseConfig("kda-and-ple", alone + (LayerConfig("model.layers.2.linear_attn", kind="mamba", backend="GDN_ATTN",
+                                                       mixer=kda),))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda m: m.update(num_heads=4), "mixer 'qwen4_exp_ple': num_heads 4 is not one of its fields"),
+    (lambda m: m.pop("hc_count"), "mixer 'qwen4_exp_ple' needs hc_count"),
+    (lambda m: m.update(hidden_size=0), "mixer hidden_size 0 must be a positive integer"),
+    (lambda m: m.update(ngram_size="3"), "mixer ngram_size '3' must be a positive integer"),
+])
+def test_bad_ple_input_is_one_line_naming_the_value(change, message: str) -> None:
+    data = json.loads(_qwen4_exp(StateMixer("qwen4_exp_ple", hidden_size=64, hc_count=4, ngram_size=3)).to_json())
+    change(data["layers"][-1]["mixer"])
+    with pytest.raises(ConfigError) as info:
+        CaseConfig.from_dict(data)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_ngram_size_below_two_is_refused_as_vllm_refuses_it() -> None:
+    with pytest.raises(StartupError, match="ngram_size must be >= 2, got 1") as info:
+        derive(_qwen4_exp(StateMixer("qwen4_exp_ple", hidden_size=64, hc_count=4, ngram_size=1)))
+    assert info.value.where == "Qwen4ExpNGramEmbedding.__init__"
+
+
+def test_a_ple_wider_than_the_mixer_bound_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"hidden_size 32768 x hc_count 4 = 131072 channels; expected at most 65536"):
+        StateMixer("qwen4_exp_ple", hidden_size=32768, hc_count=4, ngram_size=3)
+    with pytest.raises(ConfigError, match=r"its conv state \(\(conv_kernel - 1\) x ngram_size = 4294836225 inputs of 2\)"):
+        StateMixer("qwen4_exp_ple", hidden_size=2, hc_count=1, ngram_size=65535, conv_kernel=65536)
