@@ -388,8 +388,11 @@ def _is_hybrid(case: CaseConfig) -> bool:
 def _hybrid_probe(case: CaseConfig, backend: str) -> AttentionSpec:
     """The attention spec the platform reasons with: the model's (its first target attention layer's
     KV heads and head size, as the model config reports them; MLA: one latent head) in the
-    model-wide cache dtype, on ``backend``, one token a block."""
-    first = next(l for l in case.layers if l.kind != "mamba" and not l.is_draft)
+    model-wide cache dtype, on ``backend``, one token a block. The model's attention is its own, not a side
+    cache its layer class registers first (an indexer's keys, a QSA ring: ``LAYER_OWN_BACKENDS`` kinds), unless
+    it has nothing else."""
+    targets = [l for l in case.layers if l.kind != "mamba" and not l.is_draft]
+    first = next((l for l in targets if l.kind not in LAYER_OWN_BACKENDS), targets[0])
     mla = any(l.kind in ("mla", "sliding_window_mla") for l in case.layers if not l.is_draft and l.kind != "mamba")
     probe = LayerConfig("_hybrid_probe", kind="mla" if mla else "full", backend=backend,
                         num_kv_heads=1 if mla else first.num_kv_heads, head_size=first.head_size,

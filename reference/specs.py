@@ -426,7 +426,9 @@ def is_uniform_type(specs: list[LayerSpec]) -> bool:
     if first.kind is SpecKind.CHUNKED_LOCAL:
         return len({s.attention_chunk_size for s in specs}) == 1  # type: ignore[union-attr]
     if first.kind is SpecKind.MAMBA:
+        # MambaSpec.is_uniform_with_collection: also whether the state is whole on every TP rank (Qwen4-exp's PLE
+        # conv beside its sharded GDN states: two buckets). Prefill checkpoint blocks are not modeled (none here).
         return (
-            len({(s.num_speculative_blocks, s.page_size_bytes) for s in specs}) == 1  # type: ignore[union-attr]
+            len({(s.num_speculative_blocks, s.page_size_bytes, s.tp_replicated) for s in specs}) == 1  # type: ignore[union-attr]
         )
     return True

@@ -7,6 +7,7 @@ Names are stable: they appear in reports and replay commands.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from reference.config import (DSV4_CACHE_DTYPE, LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
                               uniform_layers)
@@ -203,16 +204,20 @@ def _attention_and_mixers(mixer: StateMixer, *, num_kv_heads: int = 2, mixers: i
     return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + states
 
 
-def _qwen4_exp_gdn_and_ple(*, num_kv_heads: int = 2) -> tuple[LayerConfig, ...]:
-    """Qwen4-exp's state layers: two attention layers, then two Gated DeltaNet layers, the first of which (a
-    ``ple_layer_ids`` layer) also has its decoder layer's PLE short conv (``{prefix}.ple``, Qwen4ExpPLELayer)."""
+def _qwen4_exp_gdn_ple_and_qsa(*, num_kv_heads: int = 2) -> tuple[LayerConfig, ...]:
+    """Qwen4-exp's decoder layers as far as its caches go: two Gated DeltaNet layers, the first of which (a
+    ``ple_layer_ids`` layer) also has its PLE short conv (``{prefix}.ple``, Qwen4ExpPLELayer, at the checkpoint's
+    hidden size 2048, 4 streams, kernel 4, n-gram 3), then a QSA attention layer with its side caches."""
     gdn = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
-    ple = StateMixer("qwen4_exp_ple", hidden_size=512, hc_count=4, ngram_size=3)
-    return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + (
-        LayerConfig("model.layers.2.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
-        LayerConfig("model.layers.2.ple", kind="mamba", backend="PLE_SHORT_CONV_ATTN", mixer=ple),
-        LayerConfig("model.layers.3.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+    ple = StateMixer("qwen4_exp_ple", hidden_size=2048, hc_count=4, ngram_size=3)
+    states = (
+        LayerConfig("model.layers.0.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+        LayerConfig("model.layers.0.ple", kind="mamba", backend="PLE_SHORT_CONV_ATTN", mixer=ple),
+        LayerConfig("model.layers.1.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
     )
+    qsa = tuple(replace(l, name=l.name.replace("model.layers.0.", "model.layers.2."))
+                for l in qwen4_exp_qsa_layers(1, num_kv_heads=num_kv_heads))
+    return states + qsa
 
 
 def _kimi_k3_like_mla_hybrid() -> tuple[LayerConfig, ...]:
@@ -485,23 +490,25 @@ def _build() -> dict[str, CaseConfig]:
         ),
         CaseConfig(
             "qwen4-exp-gdn-ple-b64",
-            _qwen4_exp_gdn_and_ple(),
+            _qwen4_exp_gdn_ple_and_qsa(),
             block_size=64,
             num_blocks=16,
-            note="Qwen4-exp's two state layouts: GDN conv (3, 256) + recurrent (4, 32, 32) = 9728 bytes, and a PLE short "
-            "conv (9, 2048) = 36864 bytes (3 inputs dilated by the n-gram size 3, over 512 x 4 hyper-connection "
-            "channels). The model class reports both (get_mamba_specs_from_config); the larger outgrows the 64-token "
-            "attention page (32768 bytes), so the block becomes 128 and both states are padded to 65536 bytes.",
+            note="Qwen4-exp's layer mix: Gated DeltaNet layers (conv (3, 256) + recurrent (4, 32, 32) = 9728 bytes), the "
+            "first with its PLE short conv at the checkpoint's geometry (9 inputs, 3 dilated by the n-gram size 3, over "
+            "2048 x 4 hyper-connection channels = 147456 bytes), and a QSA attention layer (2 x 256 GQA, 131072 bytes "
+            "a 64-token block) with its indexer's ring and compressed keys. The model class reports both states "
+            "(get_mamba_specs_from_config); the PLE's outgrows the attention page, so the block becomes 128 and both "
+            "states are padded to 262144 bytes.",
         ),
         CaseConfig(
             "qwen4-exp-gdn-ple-tp2",
-            _qwen4_exp_gdn_and_ple(num_kv_heads=1),
+            _qwen4_exp_gdn_ple_and_qsa(num_kv_heads=1),
             block_size=64,
             num_blocks=16,
             tensor_parallel_size=2,
             note="At TP 2 the GDN state halves (conv (3, 128) + recurrent (2, 32, 32) = 4864 bytes) while the PLE conv "
-            "state stays whole on every rank (is_kv_cache_tp_replicated: 36864 bytes), so the one-head attention block goes from 64 to 192 "
-            "tokens (three 64-token alignments) and both states are padded to 49152 bytes.",
+            "state stays whole on every rank (is_kv_cache_tp_replicated: 147456 bytes), so the one-head attention "
+            "block goes from 64 to 192 tokens (three 64-token alignments) and both states are padded to 196608 bytes.",
         ),
         CaseConfig(
             "gdn-state-raises-block-size",

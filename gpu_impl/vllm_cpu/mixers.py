@@ -100,12 +100,16 @@ def _qwen4_exp_config(gdn: Any, ple: Any) -> Any:
                               ngram_vocab_size_base=1024, vocab_size=1024)
 
 
-def model_class(mixers: tuple[Any, ...]) -> Any:
-    """The model class of the case's mixers: their family's, or the pair's."""
+def model_class_location(mixers: tuple[Any, ...]) -> tuple[str, str]:
+    """``(module, name)`` of the model class of the case's mixers: their family's, or the pair's."""
     if len(mixers) == 2:
-        module, name = PAIR_MODEL_CLASSES[frozenset(m.kind for m in mixers)]
-    else:
-        module, name = MODEL_CLASSES[mixers[0].kind]
+        return PAIR_MODEL_CLASSES[frozenset(m.kind for m in mixers)]
+    return MODEL_CLASSES[mixers[0].kind]
+
+
+def model_class(mixers: tuple[Any, ...]) -> Any:
+    """The model class of the case's mixers (``build_layer`` has imported it, or said why it cannot)."""
+    module, name = model_class_location(mixers)
     return getattr(importlib.import_module(module), name)
 
 
@@ -115,6 +119,9 @@ def build_layer(layer: Any, vc: Any, config: Any, own_class: Callable[[str, str]
     ``own_class(module, name)`` imports the class or says why this vLLM cannot."""
     mixer = layer.mixer
     cls = own_class(*LAYER_CLASSES[mixer.kind])
+    # The model class answers the block-size negotiation once the layers exist: one that does not import here
+    # (0.30's Qwen4-exp model module needs torchvision) leaves the case unsupported, as its layer class would.
+    own_class(*model_class_location(vc.model_config.state_mixers))
     if mixer.kind == "mamba2":
         # As NemotronHMambaDecoderLayer builds it (model_executor/models/nemotron_h.py).
         return cls(hidden_size=config.hidden_size, ssm_state_size=config.ssm_state_size,
@@ -129,4 +136,4 @@ def build_layer(layer: Any, vc: Any, config: Any, own_class: Callable[[str, str]
     return cls(config, vc, prefix=layer.name)
 
 
-__all__ = ["HIDDEN_SIZE", "LAYER_CLASSES", "MODEL_CLASSES", "PAIR_MODEL_CLASSES", "build_layer", "case_mixers", "hf_config", "model_class"]
+__all__ = ["HIDDEN_SIZE", "LAYER_CLASSES", "MODEL_CLASSES", "PAIR_MODEL_CLASSES", "build_layer", "case_mixers", "hf_config", "model_class", "model_class_location"]

@@ -114,9 +114,10 @@ class ModelConfigStandIn:
         # family's model class read), its state the family model class's answer.
         from gpu_impl.vllm_cpu import mixers
 
-        self._mixers = mixers.case_mixers(case)
-        if self._mixers:
-            self.hf_config = self.hf_text_config = mixers.hf_config(self._mixers)
+        self.state_mixers = mixers.case_mixers(case)
+        """The case's mixers (``mixers.case_mixers``): what its family's config and model class are made for."""
+        if self.state_mixers:
+            self.hf_config = self.hf_text_config = mixers.hf_config(self.state_mixers)
         self.is_encoder_decoder = any(l.kind == "cross" for l in case.layers)
 
     def __getattr__(self, name: str):
@@ -156,11 +157,11 @@ class ModelConfigStandIn:
 
     def mixer_model_class(self) -> Any:
         """The model class of the case's mixer family (None for stand-in state layers)."""
-        if not self._mixers:
+        if not self.state_mixers:
             return None
         from gpu_impl.vllm_cpu import mixers
 
-        return mixers.model_class(self._mixers)
+        return mixers.model_class(self.state_mixers)
 
     def state_shapes_and_dtypes(self) -> tuple[tuple[tuple[int, ...], ...], tuple[Any, ...]]:
         """The case's Mamba state (shapes, torch dtypes), as its model class reports them."""

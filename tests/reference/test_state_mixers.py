@@ -17,7 +17,7 @@ from reference.state_mixers import state_dtypes, state_shapes
 from suites.named_cases import CASES
 
 MIXER_CASES = ("mamba2-mixer-hybrid", "mamba2-mixer-tp2-one-group", "qwen3-next-gdn-hybrid", "kimi-k3-kda-hybrid",
-               "glm5next-kda-hybrid", "qwen4-exp-gdn-ple-b64")
+               "glm5next-kda-hybrid")
 
 
 def _case(mixer: StateMixer, **case: object) -> CaseConfig:
@@ -201,18 +201,28 @@ def test_the_ple_conv_state_is_dilated_and_tp_replicated(ple: StateMixer, tp: in
 
 
 def test_the_larger_of_qwen4_exps_two_states_sets_the_block() -> None:
-    """get_mamba_specs_from_config reports both states; the negotiation takes the larger page (here the PLE's),
-    and pads both to the attention page."""
+    """get_mamba_specs_from_config reports both states; the negotiation takes the larger page (here the PLE's: the
+    checkpoint's 2048 x 4 channels, 9 inputs), against the model's own attention (the QSA layer's 2 x 256 GQA page,
+    not its indexer's ring, which registers first), and pads both states to the attention page."""
     from reference.derive import hybrid_block_size
 
     case = CASES["qwen4-exp-gdn-ple-b64"]
-    ple_page = 9 * 2048 * 2
-    assert ple_page > 9728 and ple_page > 64 * 512  # larger than the GDN state and the 64-token attention page
-    assert hybrid_block_size(case) == (128, 128 * 512)
+    ple_page, attention_per_token = 9 * 8192 * 2, 2 * 256 * 2 * 2
+    assert ple_page > 9728 and ple_page > 64 * attention_per_token
+    assert hybrid_block_size(case) == (128, 128 * attention_per_token)
     d = derive(case)
-    assert {g.spec.page_size_bytes for g in d.groups} == {128 * 512}
-    tp2 = CASES["qwen4-exp-gdn-ple-tp2"]  # the GDN state halves, the PLE's does not
-    assert hybrid_block_size(tp2) == (192, 192 * 256)
+    states = [g for g in d.groups if g.spec.kind.name == "MAMBA" or "mamba" in str(g.spec)]
+    assert {g.spec.page_size_bytes for g in states} == {128 * attention_per_token}
+    tp2 = CASES["qwen4-exp-gdn-ple-tp2"]  # the GDN state halves, the PLE's does not; one KV head a rank
+    assert hybrid_block_size(tp2) == (192, 192 * attention_per_token // 2)
+
+
+def test_a_whole_state_and_a_sharded_one_are_never_one_bucket() -> None:
+    """MambaSpec.is_uniform_with_collection compares tp_replicated: with equal (padded) pages the GDN layers and the
+    PLE conv still pack as two buckets, the GDN layers' groups first (vLLM orders them so)."""
+    d = derive(CASES["qwen4-exp-gdn-ple-b64"])
+    names = [g.layer_names for g in d.groups]
+    assert names[:3] == [("model.layers.0.linear_attn",), ("model.layers.1.linear_attn",), ("model.layers.0.ple",)]
 
 
 def test_qwen4_exps_mixers_are_a_pair_and_the_ple_never_alone() -> None:
