@@ -761,6 +761,12 @@ def _check_metadata_builders(
                 checked[key] = select_common_block_size(base, [_kernel_sizes_of(backend, spec, case)])
                 if layer_kinds[name] == "dsv4_indexer":
                     _check_indexer_builder(case)
+                if layer_kinds[name] == "inkling_conv_state" and spec.kind is not SpecKind.SLIDING_WINDOW:
+                    # --disable-hybrid-kv-cache-manager promoted the conv state to full attention beside Inkling's
+                    # global layers; its builder takes only its own window spec (a bare assert).
+                    raise StartupError("AssertionError()", where="vllm.models.inkling.nvidia.sconv_swa_attn."
+                                       "InklingSconvMetadataBuilder.__init__ (assert isinstance(kv_cache_spec, "
+                                       "SlidingWindowSpec))")
             kbs = per_layer[name] = checked[key]
             if bk.get_backend(backend).power_of_two_builder_blocks and kbs & (kbs - 1):
                 raise StartupError(
@@ -939,11 +945,6 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
-    if case.disable_hybrid_kv_cache_manager and any(layer.kind == "inkling_conv_state" for layer in case.layers):
-        # Promoted to full attention beside Inkling's attention, its conv states' 4- or 8-token windows meet the local
-        # layers' in one group, where vLLM refuses or asserts (observed; FullAttentionSpec.merge_window_sizes).
-        raise NotModeledError("Inkling's short-conv states under --disable-hybrid-kv-cache-manager (promoted to full "
-                              "attention beside its attention layers) are not modeled yet")
     encoder_only = [layer.kind == "encoder_only" for layer in case.layers]
     if any(encoder_only) and not all(encoder_only):
         # ColQwen3.5 interleaves encoder-only attention with Gated DeltaNet layers (Attention.get_kv_cache_spec's

@@ -114,11 +114,9 @@ def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
         return None  # RSWASpec.merge: "All attention layers ... must be RSWASpec", one rswa_window
     if not all(s.kind in _FULL_ATTENTION_CLASSES for s in specs):
         return None  # FullAttentionSpec.merge: isinstance(spec, FullAttentionSpec), MLA excluded
-    own = dict(kind=SpecKind.FULL, sliding_window=None, attention_chunk_size=None, sink_len=None,
-               rswa_window=None, non_causal=False)
-    bare = [replace(s, **own) for s in specs]
-    if not all(b == bare[0] for b in bare):
-        return None  # an AttentionSpec field differs
+    # FullAttentionSpec.merge builds the merged spec, whose windows must be one (ValueError, which
+    # is_kv_cache_spec_uniform does not catch), before it asserts the other fields equal: two windows
+    # refuse even specs that differ elsewhere (Inkling's promoted conv states beside its local layers).
     windows = {s.sliding_window for s in specs if s.sliding_window is not None}
     chunks = {s.attention_chunk_size for s in specs if s.attention_chunk_size is not None}
     if len(windows) > 1 or len(chunks) > 1:
@@ -126,6 +124,11 @@ def _merge_equal(specs: Sequence[LayerSpec]) -> LayerSpec | None:
             "All attention layers in the same KV cache group must have the same window size.",
             where="vllm.v1.kv_cache_interface.FullAttentionSpec.merge_window_sizes",
         )
+    own = dict(kind=SpecKind.FULL, sliding_window=None, attention_chunk_size=None, sink_len=None,
+               rswa_window=None, non_causal=False)
+    bare = [replace(s, **own) for s in specs]
+    if not all(b == bare[0] for b in bare):
+        return None  # an AttentionSpec field differs
     if windows and chunks:
         return None  # "Model with both sliding window layers and chunked local attention layers"
     return replace(

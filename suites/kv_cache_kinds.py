@@ -202,13 +202,15 @@ INVENTORY: tuple[Coverage, ...] = (
            "inkling-sconv-b16", "yes", True,
            "kind full or sliding_window with family inkling: built as InklingDecoderLayer builds it, wired to its "
            "short-conv state, on FlashAttention (the class names it); a local layer's window at --block-size (no "
-           "block of its own, unlike the generic Attention). A quantized cache (no kv_quant_mode on its spec) and "
-           "--disable-hybrid-kv-cache-manager are not modeled yet"),
+           "block of its own, unlike the generic Attention). A quantized cache (no kv_quant_mode on its spec) is not "
+           "modeled yet"),
     _layer("models/inkling/nvidia/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", "inkling_conv_state",
            "inkling-sconv-b16", "yes", True,
            "the decoder layer's short-conv state: K, V and two hidden chunks per KV head packed into a power of two, "
            "its window and block the conv kernel's, on its INKLING_SCONV_SWA builder; a float16 model is refused as "
-           "its constructor asserts (inkling-sconv-fp16-refused)"),
+           "its constructor asserts (inkling-sconv-fp16-refused); with --disable-hybrid-kv-cache-manager, promoted to full "
+           "attention, as vLLM refuses it: two windows in one group (inkling-hma-off-windows-refused) or its builder's "
+           "assertion (inkling-hma-off-builder-refused)"),
     _layer("models/kimi_k3/amd/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)",
            why="the ROCm build of Kimi K3's KDA layer (its NVIDIA class below is driven); " + _NOT_YET),
     _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", "mamba",

@@ -472,6 +472,26 @@ def _build() -> dict[str, CaseConfig]:
             "on FlashAttention: one 32 KiB page for all, the conv states' blocks as long as their windows.",
         ),
         CaseConfig(
+            "inkling-hma-off-windows-refused",
+            inkling_layers((False, True)),
+            block_size=16,
+            num_blocks=16,
+            disable_hybrid_kv_cache_manager=True,
+            note="inkling-sconv-b16 with --disable-hybrid-kv-cache-manager: the conv states (4-token windows) and the "
+            "local layer (512) are promoted to full attention beside the global one, and FullAttentionSpec.merge refuses "
+            "two window sizes in one group (ValueError), before it would compare their different heads.",
+        ),
+        CaseConfig(
+            "inkling-hma-off-builder-refused",
+            inkling_layers((False, False)),
+            block_size=16,
+            num_blocks=16,
+            disable_hybrid_kv_cache_manager=True,
+            note="Global Inkling layers only, with --disable-hybrid-kv-cache-manager: the conv states are promoted to full "
+            "attention (one 4-token window: the merge passes), and their INKLING_SCONV_SWA builder asserts it is given a "
+            "SlidingWindowSpec (a bare AssertionError).",
+        ),
+        CaseConfig(
             "inkling-sconv-fp16-refused",
             inkling_layers((False,)),
             block_size=16,

@@ -287,9 +287,9 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
     # the attention families draw it.
     disable_hma = pick((False, True)) if family not in ("mamba_hybrid", "encoder_decoder") else False
     if family == "inkling":
-        # Drawn and then undone, so no later draw moves: Inkling's conv states promoted beside its attention are
-        # not modeled (reference.derive), and its conv-state class asserts a bf16 model.
-        disable_hma, model_dtype = False, "bfloat16"
+        # Drawn and then undone, so no later draw moves: its conv-state class asserts a bf16 model (the named case
+        # inkling-sconv-fp16-refused checks that refusal).
+        model_dtype = "bfloat16"
     if family == "mamba_hybrid" and state_mixers:
         # Drawn last (no other draw moves): the state layers as a MambaBase stand-in with the shapes
         # above, or as one of vLLM's own mixer classes, which computes its state from its geometry.

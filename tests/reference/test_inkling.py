@@ -49,8 +49,22 @@ def test_a_float16_model_is_refused_as_the_conv_state_asserts() -> None:
     assert info.value.where.endswith("InklingConvState.__init__")
 
 
+def test_with_the_hybrid_manager_off_the_promoted_conv_states_are_refused_as_vllm_refuses_them() -> None:
+    """--disable-hybrid-kv-cache-manager promotes the conv states (4-token windows) to full attention beside
+    Inkling's global layers: with a local layer's 512-token window too, FullAttentionSpec.merge refuses the two
+    windows (before it compares the heads, which differ); without one, the conv state's builder asserts it gets its
+    own window spec."""
+    with pytest.raises(StartupError, match="must have the same window size") as info:
+        derive(CASES["inkling-hma-off-windows-refused"], "mrv1")
+    assert info.value.where.endswith("merge_window_sizes")
+    with pytest.raises(StartupError, match=r"AssertionError\(\)") as info:
+        derive(CASES["inkling-hma-off-builder-refused"], "mrv2")
+    assert "InklingSconvMetadataBuilder.__init__" in info.value.where
+    # With the hybrid manager on, neither: the conv states keep their own groups.
+    assert derive(replace(CASES["inkling-hma-off-builder-refused"], disable_hybrid_kv_cache_manager=False), "mrv1")
+
+
 @pytest.mark.parametrize(("change", "why"), [
-    (dict(disable_hybrid_kv_cache_manager=True), "--disable-hybrid-kv-cache-manager"),
     (dict(layers=inkling_layers((False,))[:1] + (replace(inkling_layers((False,))[1], cache_dtype="fp8"),)),
      "quantized cache"),
 ])
