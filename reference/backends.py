@@ -543,17 +543,19 @@ def customize_spec(backend: BackendInfo, spec: AttentionSpec) -> AttentionSpec:
                 f"{backend.name} needs head_size == head_size_v, got {spec.head_size} and {spec.head_size_v}"
             )
         return replace(spec, num_head_slots=2, state_content_bytes=spec.num_kv_heads * spec.head_size * es)
-    if spec.cache_dtype.startswith("nvfp4") and not backend.is_mla:
+    # vLLM's hooks read the spec's kv_quant_mode, not the --kv-cache-dtype string: a layer whose own spec sets no
+    # quantization mode (Inkling's attention) keeps plain pages in any cache dtype.
+    if spec.kv_quant_mode.startswith("NVFP4") and not backend.is_mla:
         # K heads first, then V heads; each slot holds fp4 data plus one fp8 scale per 16.
         return replace(
             spec,
             num_head_slots=2 * spec.num_kv_heads,
             state_content_bytes=spec.head_size // 2 + spec.head_size // 16,
         )
-    if spec.cache_dtype.endswith("_per_token_head"):
+    if spec.kv_quant_mode.endswith("_PER_TOKEN_HEAD"):
         # Triton and MLACommon: one inline fp32 scale after each side (MLA has no V).
         hk, hv = spec.head_size, spec.head_size_v
-        if spec.cache_dtype == "int4_per_token_head":
+        if spec.kv_quant_mode == "INT4_PER_TOKEN_HEAD":
             hk, hv = hk // 2, hv // 2
         return replace(spec, state_content_bytes=(hk + hv) * es + 8)
     return spec

@@ -322,10 +322,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
     if layer.family == "inkling":
         # InklingAttention.get_kv_cache_spec (models/inkling/nvidia/attention.py): K and V of head_dim at --block-size
         # (a local layer's window is its own block size's: no per-window block of the generic Attention), in the
-        # cache dtype, with no quantization mode and no backend customization.
-        if quant_mode(layer.cache_dtype) is not quant_mode("auto"):
-            raise NotModeledError(f"Inkling's attention with a quantized cache ({layer.cache_dtype}): InklingAttention sets "
-                                  f"no kv_quant_mode on its spec, which the reference does not model")
+        # cache dtype, with no quantization mode (its spec sets none: an fp8 cache is plain fp8 pages, no scales) and no
+        # backend customization.
         return AttentionSpec(kind=kind, block_size=case.block_size, num_kv_heads=layer.num_kv_heads,
                              head_size=layer.head_size, head_size_v=layer.head_size, dtype=dtype,
                              cache_dtype=layer.cache_dtype, sliding_window=layer.sliding_window)

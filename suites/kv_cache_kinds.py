@@ -202,8 +202,8 @@ INVENTORY: tuple[Coverage, ...] = (
            "inkling-sconv-b16", "yes", True,
            "kind full or sliding_window with family inkling: built as InklingDecoderLayer builds it, wired to its "
            "short-conv state, on FlashAttention (the class names it); a local layer's window at --block-size (no "
-           "block of its own, unlike the generic Attention). A quantized cache (no kv_quant_mode on its spec) is not "
-           "modeled yet"),
+           "block of its own, unlike the generic Attention). Its spec sets no kv_quant_mode: a quantized cache keeps plain "
+           "pages, no scales (inkling-sconv-fp8-b16)"),
     _layer("models/inkling/nvidia/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec", "inkling_conv_state",
            "inkling-sconv-b16", "yes", True,
            "the decoder layer's short-conv state: K, V and two hidden chunks per KV head packed into a power of two, "

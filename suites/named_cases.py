@@ -472,6 +472,15 @@ def _build() -> dict[str, CaseConfig]:
             "on FlashAttention: one 32 KiB page for all, the conv states' blocks as long as their windows.",
         ),
         CaseConfig(
+            "inkling-sconv-fp8-b16",
+            tuple(replace(l, cache_dtype="fp8") if l.kind != "inkling_conv_state" else l for l in inkling_layers((False, True))),
+            block_size=16,
+            num_blocks=16,
+            note="inkling-sconv-b16 with an fp8 cache on its attention: InklingAttention's spec sets no kv_quant_mode, so "
+            "its pages are plain fp8 K and V, no scales: 16 KiB a 16-token block, half the bf16 conv states' 32 KiB "
+            "4-token page, so the page unifier doubles the attention blocks to 32 tokens.",
+        ),
+        CaseConfig(
             "inkling-hma-off-windows-refused",
             inkling_layers((False, True)),
             block_size=16,

@@ -14,7 +14,7 @@ import pytest
 
 from reference.config import CaseConfig, LayerConfig
 from reference.derive import derive
-from reference.errors import ConfigError, NotModeledError, StartupError
+from reference.errors import ConfigError, StartupError
 from suites.named_cases import CASES, inkling_layers
 
 
@@ -64,14 +64,16 @@ def test_with_the_hybrid_manager_off_the_promoted_conv_states_are_refused_as_vll
     assert derive(replace(CASES["inkling-hma-off-builder-refused"], disable_hybrid_kv_cache_manager=False), "mrv1")
 
 
-@pytest.mark.parametrize(("change", "why"), [
-    (dict(layers=inkling_layers((False,))[:1] + (replace(inkling_layers((False,))[1], cache_dtype="fp8"),)),
-     "quantized cache"),
+@pytest.mark.parametrize(("cache_dtype", "content"), [
+    ("auto", 2 * 128 * 2), ("fp8", 2 * 128), ("int8_per_token_head", 2 * 128), ("nvfp4", 2 * 128),
 ])
-def test_what_is_not_modeled_says_so(change: dict, why: str) -> None:
-    case = replace(_case(inkling_layers((False, True))), **change)
-    with pytest.raises(NotModeledError, match=why):
-        derive(case, "mrv1")
+def test_a_quantized_inkling_cache_has_plain_pages(cache_dtype: str, content: int) -> None:
+    """InklingAttention.get_kv_cache_spec sets no kv_quant_mode: its pages hold the cache dtype's elements and no
+    scales, whatever --kv-cache-dtype names (the backend's customize_spec reads the spec's quantization mode)."""
+    conv, attention = inkling_layers((False,))
+    case = _case((conv, replace(attention, cache_dtype=cache_dtype)), capability=(10, 0))
+    spec = derive(case, "mrv1").specs["model.layers.0.attn"]
+    assert spec.kv_quant_mode == "NONE" and spec.state_content_size_bytes == content
 
 
 def _conv(name: str = "model.layers.0.conv_state", **fields) -> LayerConfig:
