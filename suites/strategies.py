@@ -246,6 +246,8 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         layers = list(inkling_layers(tuple(pick((False, True)) for _ in range(n)), num_kv_heads=kv_heads,
                                      head_size=inkling_head, conv_head_size=pick((4, 8)) * inkling_head,
                                      sconv_kernel_size=pick((4, 8)), sliding_window=pick((64, 512))))
+        # The drawn cache dtype on the attention (its spec keeps plain pages in any); the conv state stores bf16.
+        layers = [replace(l, cache_dtype=cache_dtype) if l.kind != "inkling_conv_state" else l for l in layers]
     elif family == "encoder_only":
         # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).
         layers = [attention(f"model.encoder.layer.{i}.attention.self.attn", "encoder_only", cache_dtype="auto")
