@@ -943,12 +943,6 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
-    encoder_only = [layer.kind == "encoder_only" for layer in case.layers]
-    if any(encoder_only) and not all(encoder_only):
-        # ColQwen3.5 interleaves encoder-only attention with Gated DeltaNet layers (Attention.get_kv_cache_spec's
-        # comment): the runners' encoder-only metadata beside KV cache groups is not modeled yet.
-        raise NotModeledError("encoder-only layers beside layers with a KV cache are not modeled yet; "
-                              "an encoder-only model (every layer 'encoder_only') is")
     _check_prefill_context_parallel(case, runner)
     given = case  # what the Derivation reports as its case (its replay line is the user's options)
     if _is_hybrid(case):
@@ -1003,6 +997,10 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     # (speculator.set_attn -> init_attn_backend(active_layer_names=drafts)).
     draft_kernel_sizes = prepare_kernel_block_sizes(case, kv_plan, backends, only=drafts) if runner == "mrv2" and drafts else None
     builder_sizes = _check_metadata_builders(case, kv_plan, backends, kernel_sizes, views, draft_kernel_sizes)
+    # Encoder-only layers beside KV cache layers (ColQwen3.5 interleaves them with Gated DeltaNet layers): no group
+    # of theirs, but their metadata builders exist, over cache_config.block_size as engine start-up left it (MRv1's
+    # may_add_encoder_only_layers_to_kv_cache_config, MRv2's EncoderOnlyModelState).
+    builder_sizes.update({layer.name: case.block_size for layer in case.layers if layer.kind == "encoder_only"})
     if runner == "mrv2":
         # MRv2's initialize_kv_cache checks it after init_attn_backend built the metadata
         # builders (gpu/model_runner.py: check_attention_cp_compatibility follows it), so

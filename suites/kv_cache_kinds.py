@@ -96,8 +96,9 @@ INVENTORY: tuple[Coverage, ...] = (
           "yes", False,
           "no KV cache: the runners build this spec themselves for the layers' metadata builders (MRv1's "
           "may_add_encoder_only_layers_to_kv_cache_config, MRv2's EncoderOnlyModelState), whose block size is "
-          "checked; no block table to schedule. Encoder-only layers beside KV-cache layers (ColQwen3.5) are "
-          "not modeled yet"),
+          "checked; no block table to schedule. Also beside KV-cache layers: decoder attention "
+          "(encoder-only-beside-kv-b16) and ColQwen3.5's Gated DeltaNet layers (colqwen-like-gdn-encoder-only), "
+          "the builders over the block size engine start-up left"),
     _spec("RSWASpec", "R-SWA: prefill kept, a window of generated tokens", "rswa", "rswa-flashinfer-b128-k64",
           "yes", True),
     _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", "hidden_state",

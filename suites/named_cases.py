@@ -228,6 +228,17 @@ def _kimi_k3_like_mla_hybrid() -> tuple[LayerConfig, ...]:
                                 mixer=StateMixer("kimi_k3_kda", num_heads=4, head_dim=32)) for i in range(2, 4)))
 
 
+def _colqwen_like() -> tuple[LayerConfig, ...]:
+    """ColQwen3.5's layer style: Gated DeltaNet state layers and encoder-only (bidirectional) attention, no KV
+    cache of attention."""
+    gdn = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
+    return (
+        LayerConfig("model.layers.0.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+        LayerConfig("model.layers.1.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+        LayerConfig("model.layers.2.self_attn.attn", kind="encoder_only", num_kv_heads=2, head_size=64),
+    )
+
+
 def _bert_like(backend: str, n: int = 2) -> tuple[LayerConfig, ...]:
     """A BERT-like pooling model's layers: EncoderOnlyAttention, 12 heads of 64, no KV cache."""
     return tuple(LayerConfig(f"model.encoder.layer.{i}.attention.self.attn", kind="encoder_only", backend=backend,
@@ -584,6 +595,26 @@ def _build() -> dict[str, CaseConfig]:
             num_blocks=8,
             note="A BERT-like pooling model: EncoderOnlyAttention layers keep no KV cache (no group, no tensor); their "
             "metadata builders are MRv1's appended EncoderOnlyAttentionSpec group and MRv2's EncoderOnlyModelState.",
+        ),
+        CaseConfig(
+            "encoder-only-beside-kv-b16",
+            uniform_layers(2, num_kv_heads=2, head_size=64) + _bert_like("FLASH_ATTN"),
+            block_size=16,
+            num_blocks=16,
+            note="Encoder-only layers beside decoder layers with a KV cache: only the decoder layers get groups and "
+            "tensors; the encoder-only layers' metadata builders still exist, over --block-size (MRv1 appends their "
+            "EncoderOnlyAttentionSpec group to its own copy of the config, MRv2 builds them in EncoderOnlyModelState).",
+        ),
+        CaseConfig(
+            "colqwen-like-gdn-encoder-only",
+            _colqwen_like(),
+            block_size=16,
+            num_blocks=16,
+            note="ColQwen3.5's shape (Attention.get_kv_cache_spec's comment): Gated DeltaNet layers interleaved with "
+            "encoder-only attention. The GDN states are the only KV cache; the block-size negotiation still reasons "
+            "with the attention page of the model's heads (2 x 64 bf16 K and V, 512 bytes a token), so --block-size 16 "
+            "is raised to 32 for the 9728-byte state (padded to 16384), and the encoder-only builders run over "
+            "32-token blocks.",
         ),
         CaseConfig(
             "bert-encoder-only-flashinfer-refused",

@@ -252,6 +252,11 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).
         layers = [attention(f"model.encoder.layer.{i}.attention.self.attn", "encoder_only", cache_dtype="auto")
                   for i in range(n)]
+        if state_mixers and pick((False, True)):
+            # ColQwen3.5's style: Gated DeltaNet layers before the encoder-only ones (their states the only KV cache).
+            gdn = StateMixer("gated_delta_net", num_heads=8, head_dim=16, num_k_heads=pick((8, 16)), head_k_dim=8)
+            layers = [LayerConfig(f"model.layers.{i}.linear_attn", kind="mamba", backend=STATE_MIXERS[gdn.kind][0], mixer=gdn)
+                      for i in range(integer(1, 2))] + layers
     elif family == "hidden_state":
         if pick((False, True)):
             layers += [
