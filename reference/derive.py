@@ -818,7 +818,9 @@ def _check_prefix_alignment(case: CaseConfig, d_plan: KVCachePlan, scheduler_blo
     DeepSeek V4's compressed caches)."""
     if len(d_plan.groups) <= 1 or any(_unaligned_mamba(g.spec) for g in d_plan.groups):
         return  # one group's hits land on its block; an unaligned Mamba group turns block hashing off
-    specs = [layer_spec_of(g.spec, n) for g in d_plan.groups for n in g.layer_names]
+    # The engine core asks with the scheduler's config (generate_scheduler_kv_cache_config), where a uniform-type
+    # group is its first layer's spec: a DeepSeek V4 C128 layer grouped behind C4 layers is not asked about.
+    specs = [layer_spec_of(g.spec, g.layer_names[0]) for g in d_plan.groups]
     alignments = sorted({s.tokens_per_state for s in specs
                          if s.prefix_cacheable and getattr(s, "tokens_per_state", 1) > 1})
     dcp = case.decode_context_parallel_size
