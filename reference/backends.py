@@ -496,16 +496,10 @@ BACKENDS: dict[str, BackendInfo] = {
                 ("GDN_ATTN", "gdn_attn.py"),
                 ("SHORT_CONV_ATTN", "short_conv_attn.py"),
                 ("LINEAR_ATTN", "linear_attn.py"),
+                # Qwen4-exp's PLE short conv names its own backend (Qwen4ExpPLELayer.get_attn_backend): a
+                # ShortConvAttentionBackend subclass with its own metadata builder (n-gram context), the same page.
+                ("PLE_SHORT_CONV_ATTN", "short_conv_attn.py"),
             )
-        ),
-        # Qwen4-exp's PLE short conv names its own backend (Qwen4ExpPLELayer.get_attn_backend): a
-        # ShortConvAttentionBackend subclass with its own metadata builder (n-gram context), the same state page.
-        BackendInfo(
-            "PLE_SHORT_CONV_ATTN",
-            "v1/attention/backends/short_conv_attn.py",
-            (MultipleOf(1),),
-            packing=Packing.STATE,
-            is_ssm=True,
         ),
         # Kimi K3's KDA layers name their own backend (KimiK3DeltaAttention.get_attn_backend): a
         # GDNAttentionBackend subclass with its own metadata builder, the same state page.

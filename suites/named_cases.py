@@ -204,11 +204,15 @@ def _attention_and_mixers(mixer: StateMixer, *, num_kv_heads: int = 2, mixers: i
     return uniform_layers(2, num_kv_heads=num_kv_heads, head_size=64) + states
 
 
+_SMALL_GDN = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
+"""A small Gated DeltaNet geometry (conv (3, 256) + recurrent (4, 32, 32)): Qwen4-exp's and ColQwen3.5's cases."""
+
+
 def _qwen4_exp_gdn_ple_and_qsa(*, num_kv_heads: int = 2) -> tuple[LayerConfig, ...]:
     """Qwen4-exp's decoder layers as far as its caches go: two Gated DeltaNet layers, the first of which (a
     ``ple_layer_ids`` layer) also has its PLE short conv (``{prefix}.ple``, Qwen4ExpPLELayer, at the checkpoint's
     hidden size 2048, 4 streams, kernel 4, n-gram 3), then a QSA attention layer with its side caches."""
-    gdn = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
+    gdn = _SMALL_GDN
     ple = StateMixer("qwen4_exp_ple", hidden_size=2048, hc_count=4, ngram_size=3)
     states = (
         LayerConfig("model.layers.0.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
@@ -231,7 +235,7 @@ def _kimi_k3_like_mla_hybrid() -> tuple[LayerConfig, ...]:
 def _colqwen_like() -> tuple[LayerConfig, ...]:
     """ColQwen3.5's layer style: Gated DeltaNet state layers and encoder-only (bidirectional) attention, no KV
     cache of attention."""
-    gdn = StateMixer("gated_delta_net", num_heads=4, head_dim=32, num_k_heads=2, head_k_dim=32)
+    gdn = _SMALL_GDN
     return (
         LayerConfig("model.layers.0.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
         LayerConfig("model.layers.1.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
