@@ -110,6 +110,9 @@ class Observation:
     """Per layer, what vLLM's own spec object for it reports: ``(real_page_size_bytes,
     page_size_bytes)``, the bytes one logical block holds and the bytes it takes with the
     padding vLLM declares; None when not observed."""
+    stride_alignments: dict[str, int] | None = None
+    """Per layer, what vLLM's own spec object for it says a block stride must be a multiple of
+    (``get_block_stride_alignment``, vLLM 0.32 on); None when not observed or not declared."""
     spec_dtypes: dict[str, str] | None = None
     """Per attention layer, the ``dtype`` of vLLM's own spec object for it (what its views
     must hold); None when not observed."""

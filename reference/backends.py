@@ -148,6 +148,10 @@ class BackendInfo:
     picks for a pooled cache): ``index_kpool * n`` for n in DeepGEMM's paged-MQA page sizes
     (``utils/deep_gemm.py: get_paged_mqa_page_sizes``: 32 and 64, only 64 on SM120)."""
 
+    block_stride_alignment: MultipleOf | None = None
+    """What the backend's own ``customize_spec`` sets as the spec's ``block_stride_alignment`` (Step5's DSA backend:
+    ``MultipleOf(8)``, its sparse prefill reading eight-token pages that must tile every block stride)."""
+
     pcp_without_mla: bool = False
     """``supports_pcp()`` on a backend that is not MLA: GLM-5-next's ``KpoolTailBackend`` (a
     ``DeepseekV32IndexerBackend``). Every MLA impl supports PCP (``MLAAttentionImpl.supports_pcp``);
@@ -409,6 +413,29 @@ BACKENDS: dict[str, BackendInfo] = {
             kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3"),
         ),
         BackendInfo(
+            # Step5's DSA layers (models/step5/nvidia/sparse_attention.py Step5DSAAttentionBackend): a FlashAttention
+            # subclass named by Step5Attention, head size 192 only, its region summaries packed beside the KV in each
+            # block (BLNHC only), eight-token pages tiling every block stride.
+            "STEP5_DSA",
+            "models/step5/nvidia/sparse_attention.py",
+            (MultipleOf(16),),
+            layouts=(KVCacheLayout.BLNHC,),
+            head_sizes=HeadSizes(values=(192,)),
+            kv_cache_dtypes=("auto", "bfloat16", "fp8", "fp8_e4m3"),
+            block_stride_alignment=MultipleOf(8),
+        ),
+        # Step5's CSA side caches name their own backends (a metadata builder each, no kernel, any block).
+        BackendInfo(
+            "STEP5_CSA_SUMMARY",
+            "models/step5/nvidia/sparse_summary_cache.py",
+            (MultipleOf(1),),
+        ),
+        BackendInfo(
+            "STEP5_CSA_TAIL_RING",
+            "models/step5/nvidia/csa_tail_ring.py",
+            (MultipleOf(1),),
+        ),
+        BackendInfo(
             "KPOOL_TAIL",
             "v1/attention/backends/mla/indexer.py",
             (MultipleOf(1),),
@@ -552,6 +579,8 @@ def customize_spec(backend: BackendInfo, spec: AttentionSpec) -> AttentionSpec:
         if spec.kv_quant_mode == "INT4_PER_TOKEN_HEAD":
             hk, hv = hk // 2, hv // 2
         return replace(spec, state_content_bytes=(hk + hv) * es + 8)
+    if backend.block_stride_alignment is not None:
+        return replace(spec, block_stride_alignment=backend.block_stride_alignment)
     return spec
 
 

@@ -38,6 +38,8 @@ LAYER_KINDS = (
     "dsv4_indexer",
     "dsv4_compressor_state",
     "inkling_conv_state",
+    "step5_summary",
+    "step5_csa_ring",
 )
 """Every case layer kind, each with the vLLM layer class it is built as (``docs/kv-cache-kinds.md``):
 ``rswa`` is ``RSWAAttention`` (``RSWASpec``: prefill kept, a decode window of ``rswa_window``
@@ -57,7 +59,18 @@ key and gate score of ``head_size`` each, no slot mapping), ``minimax_indexer`` 
 caches on their ``QWEN4_EXP_EXP_QSA_STATE`` backend: ``QSACompressedKeyCache`` (an ``MLAAttentionSpec`` of one
 bf16 key of ``head_size`` per ``index_kpool`` tokens: the compress ratio) and ``QSAKeyStateCache`` (a
 ``CircularBufferSpec``: one ring block per request of ``index_kpool`` raw bf16 keys, plus the drafts rounded up
-to whole groups)."""
+to whole groups); ``step5_summary`` and ``step5_csa_ring`` are Step5's CSA side caches (``STEP5_SIDE_CACHES``)."""
+
+STEP5_SIDE_CACHES: dict[str, tuple[str, int, str]] = {
+    "step5_summary": (".sparse_summary_cache", 256, "one 256-byte FP8 summary per eight tokens"),
+    "step5_csa_ring": (".csa_tail_ring", 512, "1 KiB rows of bf16 [index_k | index_z]"),
+}
+"""Step5's CSA side caches, built by its DSA layer after its ``Attention`` -> (name suffix after ``{prefix}.attn``, the
+head size the class hard-codes, what it stores): ``step5_summary`` is ``Step5SparseSummaryCacheLayer`` (a
+``FullAttentionSpec`` of one 256-byte uint8 summary per 8 tokens, ``tokens_per_state`` 8, no V, in its DSA layer's
+group), ``step5_csa_ring`` is ``Step5CSATailRing`` (a ``CircularBufferSpec`` of one page of its DSA layer's main KV cache,
+as 1 KiB rows: ``head_size`` here is the row's 512 bf16 elements; at --block-size tokens and a 1 KiB block-stride
+alignment)."""
 
 QSA_KINDS = ("qsa_compressed_key", "qsa_key_state")
 """Qwen4-exp's QSA side caches (``models/qwen4_exp/common/qsa_cache.py``)."""
@@ -78,6 +91,7 @@ LAYER_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "minimax_m3": ("vllm.models.minimax_m3.nvidia.model", "MiniMaxM3SparseAttention", ("full",)),
     "qwen4_exp": ("vllm.models.qwen4_exp.nvidia.qsa", "Qwen4ExpQSAAttention", ("full",)),
     "inkling": ("vllm.models.inkling.nvidia.attention", "InklingAttention", ("full", "sliding_window")),
+    "step5": ("vllm.models.step5.nvidia.model", "Step5Attention", ("full",)),
 }
 """A layer's ``family``: the model family whose own layer class builds a layer of a generic kind (its spec is the
 kind's; the class owns its construction and checks) -> (module, class, the kinds it builds). None: vLLM's generic
@@ -87,9 +101,13 @@ layer class of the kind. ``minimax_m3``'s class also builds its lightning indexe
 ``qsa_key_state`` ``{prefix}.indexer.raw_key_cache`` and ``qsa_compressed_key`` ``{prefix}.indexer.compressed_key_cache``
 right before it, ``{prefix}.attn``; ``inkling``'s (Inkling's attention, global or local) is built after its decoder
 layer's short-conv state (``InklingConvState``): the case lists that ``inkling_conv_state`` layer
-``{prefix}.conv_state`` right before ``{prefix}.attn``."""
+``{prefix}.conv_state`` right before ``{prefix}.attn``; ``step5``'s (Step5's DSA layers: its full-attention layers
+when the checkpoint has a ``sparse_config``) builds vLLM's ``Attention`` on ``STEP5_DSA`` as ``{prefix}.attn``, then its
+CSA side caches: the case lists its ``step5_summary`` ``{prefix}.attn.sparse_summary_cache`` and ``step5_csa_ring``
+``{prefix}.attn.csa_tail_ring`` right after it."""
 
-FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE", "qwen4_exp": "QWEN4_EXP_QSA_TRITON", "inkling": "FLASH_ATTN"}
+FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE", "qwen4_exp": "QWEN4_EXP_QSA_TRITON", "inkling": "FLASH_ATTN",
+                   "step5": "STEP5_DSA"}
 """Families whose class picks its own backend (no selector): the backend such a layer runs on."""
 
 DSV4_CACHE_DTYPE = "fp8_ds_mla"
@@ -116,6 +134,8 @@ LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
     "dsv4_indexer": ("DEEPSEEK_V4_INDEXER", "DeepseekV4IndexerCache"),
     "dsv4_compressor_state": ("CompressorBackend", "CompressorStateCache"),
     "inkling_conv_state": ("INKLING_SCONV_SWA", "InklingConvState"),
+    "step5_summary": ("STEP5_CSA_SUMMARY", "Step5SparseSummaryCacheLayer"),
+    "step5_csa_ring": ("STEP5_CSA_TAIL_RING", "Step5CSATailRing"),
 }
 """Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
 selector validation): kind -> (backend, layer class)."""
@@ -383,6 +403,8 @@ class LayerConfig:
                 raise ConfigError(f"{owner}family {self.family!r} runs on {own} ({layer_class} picks it), not {self.backend!r}")
         if self.kind == "inkling_conv_state":
             self._check_inkling_conv_state()
+        if self.kind in STEP5_SIDE_CACHES:
+            self._check_step5_side_cache()
         if self.kind in QSA_KINDS and self.index_kpool is None:
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} needs index_kpool (the QSA compress_ratio, >= 1)")
         if self.kind in QSA_KINDS and self.cache_dtype != "auto":
@@ -438,6 +460,21 @@ class LayerConfig:
                               f"must be 'auto' and head_size_v unset")
         if self.is_draft or self.family is not None:
             raise ConfigError(f"{owner} is built by an Inkling decoder layer, not a drafter or another family")
+
+    def _check_step5_side_cache(self) -> None:
+        """What Step5's CSA side caches hard-code (``models/step5/nvidia/``): the summaries are one 256-byte FP8 row per
+        eight tokens (the sparse config's ``proxy_dim``, which it requires to be 256), the ring's rows one bf16
+        ``[index_k | index_z]`` of 2 x 256; one head each, no V, their own dtype whatever the cache's."""
+        owner = f"layer {self.name!r}: kind {self.kind!r}"
+        _suffix, head_size, what = STEP5_SIDE_CACHES[self.kind]
+        if self.num_kv_heads != 1 or self.head_size != head_size or self.head_size_v is not None:
+            raise ConfigError(f"{owner} stores {what}: num_kv_heads {self.num_kv_heads!r} must be 1, head_size "
+                              f"{self.head_size!r} must be {head_size} and head_size_v unset")
+        if self.cache_dtype != "auto" or self.sliding_window is not None or self.index_kpool is not None:
+            raise ConfigError(f"{owner} keeps its own dtype and blocks: cache_dtype {self.cache_dtype!r} must be 'auto', "
+                              f"sliding_window and index_kpool unset")
+        if self.is_draft or self.family is not None:
+            raise ConfigError(f"{owner} is built by a Step5 DSA layer, not a drafter or another family")
 
     def _check_dsv4(self) -> None:
         """What DeepSeek V4's cache classes assert or accept (``models/deepseek_v4/``)."""
@@ -552,6 +589,8 @@ class CaseConfig:
                 _check_inkling_owner(self, index, layer)
             if layer.family == "inkling":
                 _check_inkling_attention(self, index, layer)
+            if layer.family == "step5" or layer.kind in STEP5_SIDE_CACHES:
+                _check_step5_layer(self, index, layer)
             if layer.family == "minimax_m3":
                 if not layer.name.endswith(".attn"):
                     raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' registers its main cache as "
@@ -691,6 +730,25 @@ def _check_inkling_attention(case: "CaseConfig", index: int, layer: LayerConfig)
         raise ConfigError(f"layer {layer.name!r}: family 'inkling' (InklingAttention) is named '{{prefix}}.attn' "
                           f"and wired to its decoder layer's short-conv state: list an 'inkling_conv_state' "
                           f"layer {prefix + '.conv_state'!r} right before it")
+
+
+def _check_step5_layer(case: "CaseConfig", index: int, layer: LayerConfig) -> None:
+    """A ``step5`` layer (``Step5Attention`` with DSA) is ``{prefix}.attn`` and builds its summary cache and tail ring
+    right after its ``Attention``: the case lists them in that order, named as the class names them. A side cache
+    belongs to the ``step5`` layer listed before it."""
+    if layer.family == "step5":
+        expected = [(f"{layer.name}{suffix}", kind) for kind, (suffix, _h, _w) in STEP5_SIDE_CACHES.items()]
+        after = [(l.name, l.kind) for l in case.layers[index + 1:index + 3]]
+        if not layer.name.endswith(".attn") or after != expected:
+            raise ConfigError(f"layer {layer.name!r}: family 'step5' (Step5Attention with DSA) is named '{{prefix}}.attn' "
+                              f"and builds its CSA side caches after it: list {expected[0][1]!r} {expected[0][0]!r} "
+                              f"and {expected[1][1]!r} {expected[1][0]!r} right after it")
+        return
+    suffix = STEP5_SIDE_CACHES[layer.kind][0]
+    owner_name = layer.name.removesuffix(suffix)
+    if not layer.name.endswith(suffix) or not any(l.name == owner_name and l.family == "step5" for l in case.layers[:index]):
+        raise ConfigError(f"layer {layer.name!r}: kind {layer.kind!r} is built by a Step5 DSA layer: name it "
+                          f"'{{prefix}}.attn{suffix}' after a family 'step5' layer '{{prefix}}.attn'")
 
 
 def _check_one_model_of_mixers(case: "CaseConfig") -> None:

@@ -14,7 +14,8 @@ from functools import cached_property
 
 from reference import backends as bk
 from reference.backends import Packing
-from reference.config import DSV4_KINDS, FAMILY_BACKENDS, QSA_KINDS, CaseConfig, LayerConfig, LAYER_OWN_BACKENDS
+from reference.config import (DSV4_KINDS, FAMILY_BACKENDS, QSA_KINDS, STEP5_SIDE_CACHES, CaseConfig, LayerConfig,
+                              LAYER_OWN_BACKENDS)
 from reference.dtypes import canonical_model_dtype, dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import prefill_context_parallel_refusal, scheduler_block_sizes
@@ -50,6 +51,8 @@ _KIND = {
     "dsv4_indexer": SpecKind.MLA,
     "dsv4_compressor_state": SpecKind.SLIDING_WINDOW_MLA,
     "inkling_conv_state": SpecKind.SLIDING_WINDOW,
+    "step5_summary": SpecKind.FULL,
+    "step5_csa_ring": SpecKind.CIRCULAR_BUFFER,
 }
 # MLAAttention.get_kv_cache_spec hard-codes the content bytes of the DeepSeek formats.
 _MLA_CONTENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -319,6 +322,10 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         )
     if layer.kind == "inkling_conv_state":
         return _inkling_conv_state_spec(case, layer)
+    if layer.kind == "step5_summary":
+        return _step5_summary_spec(case, layer)
+    if layer.kind == "step5_csa_ring":
+        return _step5_ring_spec(case, layer)
     if layer.family == "inkling":
         # InklingAttention.get_kv_cache_spec (models/inkling/nvidia/attention.py): K and V of head_dim at --block-size
         # (a local layer's window is its own block size's: no per-window block of the generic Attention), in the
@@ -331,6 +338,8 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
         return _kimi_k3_mla_spec(case, layer, common)
     if layer.family == "qwen4_exp":
         _check_qsa_attention(case, layer)
+    if layer.family == "step5":
+        _check_step5_attention(case, layer)
     if layer.family == "minimax_m3" and tuple(case.capability)[0] == 10:
         raise NotModeledError(
             "MiniMax M3's sparse attention on SM100: the layer picks its MSA backend where current_platform.is_cuda() "
@@ -365,6 +374,86 @@ def _check_qsa_attention(case: CaseConfig, layer: LayerConfig) -> None:
         raise StartupError("Qwen4Exp QSA requires a BF16 or FP8-e4m3 main KV cache", where=where)
     if case.prefill_context_parallel_size > 1 or case.decode_context_parallel_size > 1:
         raise StartupError("Qwen4Exp QSA does not support context parallelism", where=where)
+
+
+STEP5_DSA_CAPABILITIES = ((9, 0), (10, 0), (10, 3))
+"""``Step5DSAAttentionBackend.supports_compute_capability``: SM90, SM100, SM103 exactly."""
+
+STEP5_CONNECTORS = ("nixl",)
+"""``_verify_step5_dsa_kv_transfer_compatibility`` (models/step5/nvidia/model.py): the sparse summaries are moved only by
+MooncakeStoreConnector or NixlConnector with CUDA buffers (a case's ``nixl``: its default buffer device on a GPU)."""
+
+
+def _check_step5_attention(case: CaseConfig, layer: LayerConfig) -> None:
+    """What a Step5 DSA layer refuses while it is built: ``Step5Attention.__init__`` (models/step5/nvidia/model.py: the
+    KV connector, the GPU, the head size), then its impl's constructor (``Step5DSAAttentionImpl.__init__`` in
+    sparse_attention.py: DCP, the cache dtype, ``_validate_step5_dsa_attention_contract``'s activations and head size).
+    The query heads and the sparse indexer's provider groups are the model's, which the drivers choose to agree with the
+    case's KV heads (4 query heads per KV head, one provider group per KV head)."""
+    where = "vllm.models.step5.nvidia.model.Step5Attention.__init__"
+    if case.connector is not None and case.connector not in STEP5_CONNECTORS:
+        raise StartupError("Step5 DSA sparse summaries are only transferred by MooncakeStoreConnector, or by "
+                           "NixlConnector with CUDA buffers, directly or under a MultiConnector.", where=where)
+    capability = tuple(case.capability)
+    if capability not in STEP5_DSA_CAPABILITIES:
+        raise StartupError(f"Step5 DSA requires SM90, SM100 or SM103; got "
+                           f"DeviceCapability(major={capability[0]}, minor={capability[1]}).", where=where)
+    if layer.head_size not in (128, 192):
+        raise StartupError(f"Step5 DSA supports attention head dimensions 128 or 192, got {layer.head_size}.", where=where)
+    where = "vllm.models.step5.nvidia.sparse_attention.Step5DSAAttentionImpl.__init__"
+    if case.decode_context_parallel_size > 1:
+        raise StartupError("Step5 does not support decode context parallelism", where=where)
+    if quant_mode(layer.cache_dtype) != "NONE" and layer.cache_dtype not in ("fp8", "fp8_e4m3"):
+        raise StartupError("Step5 DSA supports E4M3 FP8 KV cache only", where=where)
+    if layer.cache_dtype == "float16":
+        raise StartupError("Step5 DSA does not support a float16 KV cache", where=where)
+    model_dtype = canonical_model_dtype(case.model_dtype)
+    if model_dtype != "bfloat16":
+        raise StartupError(f"Step5 DSA kernels require bfloat16 activations, got torch.{model_dtype}.", where=where)
+    if layer.head_size != 192:
+        raise StartupError(f"Step5 DSA kernels require head_size 192, got {layer.head_size}.", where=where)
+
+
+STEP5_RING_ROW_BYTES = 1024
+"""``Step5CSATailRing``'s row: one bf16 ``[index_k | index_z]`` of 2 x 256."""
+
+STEP5_RING_REPLAY_ROWS = 7
+"""The rows a region's closing row replays (``required_rows = 7 + num_speculative_tokens``, the drafts counted only for
+an MTP speculative config; a case's drafts are Eagle drafts)."""
+
+
+def _step5_owner(case: CaseConfig, layer: LayerConfig) -> LayerConfig:
+    suffix = STEP5_SIDE_CACHES[layer.kind][0]
+    return next(l for l in case.layers if l.name == layer.name.removesuffix(suffix) and l.family == "step5")
+
+
+def _step5_summary_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
+    """``Step5SparseSummaryCacheLayer.get_kv_cache_spec`` (models/step5/nvidia/sparse_summary_cache.py): a
+    ``FullAttentionSpec`` at ``cache_config.block_size`` of one 256-byte uint8 summary per 8 tokens, one head, no V;
+    a block size 8 does not divide is refused."""
+    if case.block_size % 8:
+        raise StartupError("Step5 KV blocks must align to eight-token regions",
+                           where="vllm.models.step5.nvidia.sparse_summary_cache.Step5SparseSummaryCacheLayer.get_kv_cache_spec")
+    return AttentionSpec(kind=SpecKind.FULL, block_size=case.block_size, num_kv_heads=1, head_size=layer.head_size,
+                         head_size_v=0, dtype="uint8", tokens_per_state=8)
+
+
+def _step5_ring_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
+    """``Step5CSATailRing.get_kv_cache_spec`` (models/step5/nvidia/csa_tail_ring.py): one page of its DSA layer's main
+    spec (``Attention.get_kv_cache_spec``, before the backend customizes it) as 1 KiB rows, which must hold the
+    replayed rows, as a ``CircularBufferSpec`` at the main block size: one head of page / (block x 2) bf16 elements,
+    no V, a 1 KiB block-stride alignment (rows are addressed across blocks)."""
+    owner = _step5_owner(case, layer)
+    main = raw_spec(case, owner, bk.get_backend(owner.backend))
+    page = main.page_size_bytes
+    if page % STEP5_RING_ROW_BYTES or page // STEP5_RING_ROW_BYTES < STEP5_RING_REPLAY_ROWS:
+        raise StartupError(
+            f"Step5 CSA tail ring needs {STEP5_RING_REPLAY_ROWS} rows of {STEP5_RING_ROW_BYTES} bytes in one "
+            f"{page}-byte KV page; increase --block-size.",
+            where="vllm.models.step5.nvidia.csa_tail_ring.Step5CSATailRing.get_kv_cache_spec")
+    return AttentionSpec(kind=SpecKind.CIRCULAR_BUFFER, block_size=main.block_size, num_kv_heads=1,
+                         head_size=page // (main.block_size * 2), head_size_v=0, dtype="bfloat16",
+                         block_stride_alignment=STEP5_RING_ROW_BYTES)
 
 
 def _kimi_k3_mla_spec(case: CaseConfig, layer: LayerConfig, common: dict) -> AttentionSpec:
@@ -651,6 +740,7 @@ def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> 
         # (a state layer picks its backend without the attention selector).
         reasons.append("PCP not supported")
     if not reasons:
+        _check_flash_attn_cache_dtype(case, layer, backend)
         return
     explicit = case.speculative_attention_backend if layer.is_draft else case.attention_backend
     if explicit:
@@ -658,6 +748,20 @@ def _check_layer_backend(case: CaseConfig, layer: LayerConfig, backend: str) -> 
     else:
         message = f"No valid attention backend found: {backend}: {reasons}"
     raise StartupError(message, where="vllm.v1.attention.selector.get_attn_backend (the platform's get_attn_backend_cls)")
+
+
+def _check_flash_attn_cache_dtype(case: CaseConfig, layer: LayerConfig, backend: str) -> None:
+    """``FlashAttentionImpl.__init__`` refuses a quantized cache its FlashAttention version cannot read
+    (``fa_utils.flash_attn_supports_kv_cache_dtype``, asked with head_size_v = head_size): never fp8_e5m2; on SM90
+    FA3 reads fp8; on SM100 only FA4 does, which runs head sizes up to 128 there (a wider head falls back to FA2, and
+    so does FA4's head-256 kernel under a quantized cache); elsewhere FA2, which reads none."""
+    if backend != "FLASH_ATTN" or quant_mode(layer.cache_dtype) == "NONE":
+        return
+    major = case.capability[0]
+    if layer.cache_dtype != "fp8_e5m2" and (major == 9 or (major == 10 and layer.head_size <= 128)):
+        return
+    raise StartupError(f"FlashAttention does not support {layer.cache_dtype} kv-cache on this device.",
+                       where="vllm/v1/attention/backends/flash_attn.py: FlashAttentionImpl.__init__")
 
 
 def _resolve_layout(case: CaseConfig, specs: dict[str, LayerSpec], backends: dict[str, str]) -> KVCacheLayout:
@@ -874,10 +978,15 @@ def _check_indexer_builder(case: CaseConfig) -> None:
     )
 
 
-def _check_prefill_context_parallel(case: CaseConfig, runner: str) -> None:
-    """The runner refuses a PCP configuration before any layer is built (MRv1 at VllmConfig
-    validation, MRv2 in its constructor's ``PCPManager.validate_config``). The drivers ask
-    before building layers, so a hybrid's block-size negotiation comes after it here."""
+def _check_model_runner_support(case: CaseConfig, runner: str) -> None:
+    """The runner refuses a configuration before any layer is built: MRv1 at VllmConfig validation (a Step5 model,
+    PCP: ``_get_v1_model_runner_unsupported_features`` lists them in that order, joined), MRv2 in its constructor's
+    ``PCPManager.validate_config``. The drivers ask before building layers, so a hybrid's block-size negotiation comes
+    after it here."""
+    if runner == "mrv1" and any(layer.family == "step5" for layer in case.layers):
+        features = ["prefill context parallel"] if case.prefill_context_parallel_size > 1 else []
+        raise StartupError("Model Runner V1 does not support: " + ", ".join(features + ["Step5"]),
+                           where="vllm/config/vllm.py: VllmConfig._validate_v1_model_runner")
     targets = [layer for layer in case.layers if not layer.is_draft]
     refusal = prefill_context_parallel_refusal(
         runner, case.prefill_context_parallel_size, case.decode_context_parallel_size,
@@ -945,7 +1054,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
     if case.generation != 2:
         raise NotModeledError("generation-1 cases are derived by reference.gen1, not reference.derive")
     _check_parallel_modeled(case)
-    _check_prefill_context_parallel(case, runner)
+    _check_model_runner_support(case, runner)
     given = case  # what the Derivation reports as its case (its replay line is the user's options)
     if _is_hybrid(case):
         # Engine start-up may raise --block-size for the state; in align mode the state's block is

@@ -104,9 +104,9 @@ INVENTORY: tuple[Coverage, ...] = (
     _spec("HiddenStateCacheSpec", "extract_hidden_states' cache-only layers", "hidden_state",
           "hidden-states-swa-hybrid", "yes", True),
     _spec("CircularBufferSpec", "one ring block per request, no slot mapping", "circular_buffer", "kpool-tail-b64",
-          "yes", True, "built by GLM-5-next's Glm5NextTailCache and Qwen4-exp's QSAKeyStateCache (kind qsa_key_state); "
-          "its other users (DeepSeek V4.1's compressor, Step5's tail ring) are not driven yet. The ring counts no drafts (the drivers "
-          "build layers without a speculative config)"),
+          "yes", True, "built by GLM-5-next's Glm5NextTailCache, Qwen4-exp's QSAKeyStateCache (kind qsa_key_state) and "
+          "Step5's Step5CSATailRing (kind step5_csa_ring); its other user (DeepSeek V4.1's compressor) is not driven yet. "
+          "The rings count no drafts (the drivers build layers without a speculative config)"),
     _spec("MambaSpec", "state-space layers' state (one block per request, or per mamba_block_size)", "mamba",
           "mamba-hybrid", "yes", True),
     _spec("HiSparseHotSpec", "HiSparse's per-request hot cache (no views, no slot mapping)", why=_HISPARSE),
@@ -261,17 +261,21 @@ INVENTORY: tuple[Coverage, ...] = (
            "(16-token multiples) and builds its indexer's raw-key ring and compressed keys first; its refusals (BF16 "
            "only, bf16/fp8 main cache, no context parallelism) are predicted (qwen4-qsa-own-class-fp16-refused). Its "
            "impl's FlashAttention availability check is answered as a GPU would (the compiled kernel cannot load on CPU)"),
-    _layer("models/step5/nvidia/csa_tail_ring.py", "Step5CSATailRing", "CircularBufferSpec",
-           why="Step5's ring of the open CSA region's raw indexer rows: one main KV page of 1 KiB rows (at least 7 + "
-           "drafts of them, else it refuses: 'increase --block-size'), the main block size, a 1 KiB stride alignment; "
-           "its main layer is vLLM's Attention on Step5DSAAttentionBackend (head size 192, BLNHC only, an impl built "
-           "from Step5's sparse config with checks of its own: SM90/SM100/SM103, no DCP, bf16 or E4M3 caches), which the "
-           "drivers do not build yet, and MRv1 refuses Step5 outright "
-           "(VllmConfig._get_v1_model_runner_unsupported_features); " + _NOT_YET),
+    _layer("models/step5/nvidia/csa_tail_ring.py", "Step5CSATailRing", "CircularBufferSpec", "step5_csa_ring",
+           "step5-dsa-b64", "yes", True,
+           "Step5's ring of the open CSA region's raw indexer rows, built by its DSA layer (kind full with family step5: "
+           "Step5Attention as Step5DecoderLayer builds a full-attention layer of a sparse checkpoint, vLLM's Attention "
+           "on its STEP5_DSA backend: head size 192, BLNHC only, 8-token pages tiling the block stride) after its "
+           "main cache: one main KV page of 1 KiB rows at the main block size, a 1 KiB stride alignment; fewer than 7 "
+           "rows are refused ('increase --block-size': step5-dsa-fp8-ring-refused). The layer's constructor and impl "
+           "refusals (SM90/SM100/SM103, head size, no DCP, bf16 or E4M3 caches, bf16 activations, the KV connector) are "
+           "predicted (step5-dsa-head128-refused); MRv1 refuses a Step5 model outright "
+           "(VllmConfig._get_v1_model_runner_unsupported_features), so its schedules are MRv2's"),
     _layer("models/step5/nvidia/sparse_summary_cache.py", "Step5SparseSummaryCacheLayer", "FullAttentionSpec",
-           why="Step5's CSA region summaries: one 256-byte FP8 summary per 8 tokens (tokens_per_state 8, uint8, no V) in "
-           "its DSA layer's group, refusing a block size that is no multiple of 8; built beside the DSA attention above "
-           "(wired to its impl); " + _NOT_YET),
+           "step5_summary", "step5-dsa-b64", "yes", True,
+           "Step5's CSA region summaries, built by its DSA layer right after its main cache: one 256-byte FP8 summary "
+           "per 8 tokens (tokens_per_state 8, uint8, no V) at --block-size, in its DSA layer's group (packed beside "
+           "the main pages in each block); a block size 8 does not divide is refused"),
 )
 
 

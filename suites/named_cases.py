@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from reference.config import (DSV4_CACHE_DTYPE, LAYER_OWN_BACKENDS, STATE_MIXERS, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
+from reference.config import (DSV4_CACHE_DTYPE, LAYER_OWN_BACKENDS, STATE_MIXERS, STEP5_SIDE_CACHES, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
                               uniform_layers)
 from reference.errors import ConfigError
 from reference.layout import LAYOUT_NAMES as _LAYOUTS
@@ -185,6 +185,28 @@ def minimax_m3_sparse_layers(n: int, *, num_kv_heads: int = 4, index_dim: int = 
                         head_size=128, family="minimax_m3"),
         )
     )
+
+
+def step5_layers(dsa: Sequence[bool], *, num_kv_heads: int = 2, head_size: int = 192, cache_dtype: str = "auto",
+                 sliding_window: int = 512) -> tuple[LayerConfig, ...]:
+    """Step5's attention layers (``models/step5/nvidia/model.py``), one per entry of ``dsa``: a DSA layer (a
+    full-attention layer of a checkpoint with a ``sparse_config``) is built as its own ``Step5Attention`` (family
+    ``step5``): vLLM's ``Attention`` on ``STEP5_DSA``, then its region summaries and the open region's ring, named as
+    the class registers them; any other layer is a sliding-window layer on FlashAttention (Step5's split-KV subclass
+    keeps the ``FLASH_ATTN`` name and page), of the same geometry."""
+    layers: list[LayerConfig] = []
+    for i, is_dsa in enumerate(dsa):
+        name = f"model.layers.{i}.self_attn.attn"
+        if not is_dsa:
+            layers.append(LayerConfig(name, kind="sliding_window", num_kv_heads=num_kv_heads, head_size=head_size,
+                                      cache_dtype=cache_dtype, sliding_window=sliding_window))
+            continue
+        layers.append(LayerConfig(name, backend="STEP5_DSA", num_kv_heads=num_kv_heads, head_size=head_size,
+                                  cache_dtype=cache_dtype, family="step5"))
+        for kind, (suffix, side_head_size, _what) in STEP5_SIDE_CACHES.items():
+            layers.append(LayerConfig(name + suffix, kind=kind, backend=LAYER_OWN_BACKENDS[kind][0], num_kv_heads=1,
+                                      head_size=side_head_size))
+    return tuple(layers)
 
 
 def _attention_and_mamba(*, num_kv_heads: int, mamba_layers: int, mamba_shapes: tuple[tuple[int, ...], ...]) -> tuple[LayerConfig, ...]:
@@ -522,6 +544,32 @@ def _build() -> dict[str, CaseConfig]:
             num_blocks=16,
             model_dtype="float16",
             note="Inkling with a float16 model: InklingConvState's constructor asserts bfloat16.",
+        ),
+        CaseConfig(
+            "step5-dsa-b64",
+            step5_layers((False, True, False, True)),
+            block_size=64,
+            num_blocks=16,
+            note="Step5's layer mix: sliding-window layers on FlashAttention between DSA layers built as its own "
+            "Step5Attention (2 x 192 GQA on STEP5_DSA, 98304 bytes a 64-token block, 8-token pages tiling the block "
+            "stride), each with its region summaries (one 256-byte FP8 row per 8 tokens, 2048 bytes, in its group) and "
+            "its ring (one main page: 96 rows of 1 KiB). BLNHC only (the DSA backend packs the summaries beside the KV "
+            "in each block), so each block stride is rounded up to a 12288-byte multiple. MRv1 refuses a Step5 model.",
+        ),
+        CaseConfig(
+            "step5-dsa-fp8-ring-refused",
+            step5_layers((True,), num_kv_heads=1, cache_dtype="fp8"),
+            block_size=16,
+            num_blocks=16,
+            note="A one-head fp8 DSA layer at --block-size 16: its 6144-byte main page holds 6 ring rows, fewer than the 7 "
+            "a closing region replays, so Step5CSATailRing refuses ('increase --block-size').",
+        ),
+        CaseConfig(
+            "step5-dsa-head128-refused",
+            step5_layers((True,), head_size=128),
+            block_size=64,
+            num_blocks=16,
+            note="A 128-wide DSA layer: Step5Attention accepts head size 128 or 192, its impl's kernels only 192.",
         ),
         CaseConfig(
             "glm5next-kda-hybrid",

@@ -48,6 +48,7 @@ FAMILIES = (
     "encoder_only",
     "dsv4",
     "inkling",
+    "step5",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
@@ -60,7 +61,9 @@ with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpe
 (attention with its compressed keys, ``QSACompressedKeyCache``, and its compressor ring, ``QSAKeyStateCache``), and
 BERT-like encoder-only models (``EncoderOnlyAttention``: no KV cache), and DeepSeek V4's caches (per decoder layer
 a sliding window only, CSA with its indexer or HCA: ``deepseek_v4_caches``), and Inkling's decoder layers (its own
-attention classes, each after its short-conv state: ``inkling_layers``). A seeded profile's configs
+attention classes, each after its short-conv state: ``inkling_layers``), and Step5's layers (sliding-window layers beside
+DSA layers built as its own ``Step5Attention``, each with its region summaries and tail ring: ``step5_layers``). A seeded
+profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
 
@@ -78,7 +81,7 @@ def _parallel(pick: Callable[[Sequence[Any]], Any], family: str) -> tuple[int, i
     tp = pick((1, 2, 4, 8))
     dcp = pick((1, 2, 4))
     mla = family == "mla_draft"
-    if family in ("swa_hybrid", "encoder_decoder", "hidden_state", "inkling"):  # hidden_state may draw windows
+    if family in ("swa_hybrid", "encoder_decoder", "hidden_state", "inkling", "step5"):  # hidden_state may draw windows
         dcp = 1
     if family == "inkling":
         tp = min(tp, total_kv)  # InklingConvState asserts tp_size <= num_kv_heads (no replicated KV heads)
@@ -248,6 +251,15 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
                                      sconv_kernel_size=pick((4, 8)), sliding_window=pick((64, 512))))
         # The drawn cache dtype on the attention (its spec keeps plain pages in any); the conv state stores bf16.
         layers = [replace(l, cache_dtype=cache_dtype) if l.kind != "inkling_conv_state" else l for l in layers]
+    elif family == "step5":
+        # Step5's layers: sliding-window layers on FlashAttention and DSA layers (its own class on STEP5_DSA, head size
+        # 192; 128 is refused by the impl), each DSA layer with its summaries and ring; at least one DSA layer.
+        from suites.named_cases import step5_layers
+
+        dsa = [pick((True, False)) for _ in range(n)]
+        dsa[-1] = True
+        layers = list(step5_layers(tuple(dsa), num_kv_heads=kv_heads, head_size=pick((192, 192, 192, 128)),
+                                   cache_dtype=cache_dtype, sliding_window=pick((128, 512))))
     elif family == "encoder_only":
         # Every layer encoder-only (no KV cache); an unquantized cache (the layers keep none to quantize).
         layers = [attention(f"model.encoder.layer.{i}.attention.self.attn", "encoder_only", cache_dtype="auto")
@@ -297,6 +309,12 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         # Drawn and then undone, so no later draw moves: its conv-state class asserts a bf16 model (the named case
         # inkling-sconv-fp16-refused checks that refusal).
         model_dtype = "bfloat16"
+    if family == "step5":
+        # Drawn and then undone: the DSA impl refuses a float16 model, and a tail ring cannot be promoted with the
+        # hybrid manager off (both predicted; a Step5 model runs bf16 with the hybrid manager).
+        model_dtype, disable_hma = "bfloat16", False
+        if connector not in (None, "nixl"):
+            connector = None  # only NIXL (CUDA buffers) and MooncakeStore move its summaries; the others refuse
     if family == "mamba_hybrid" and state_mixers:
         # Drawn last (no other draw moves): the state layers as a MambaBase stand-in with the shapes
         # above, or as one of vLLM's own mixer classes, which computes its state from its geometry.

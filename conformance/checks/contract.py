@@ -16,6 +16,7 @@ in bounded memory is named in ``not_checked`` of its divergence-free outcome, ne
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -45,7 +46,10 @@ KINDS = (
          "different KV cache groups on the same block id (hybrid groups share pages by design): contract."),
     Kind("allocation_size",
          "an allocation holds more or fewer bytes than its blocks: num_blocks x the padded pages "
-         "(``page_size_bytes``) of the layers of one group that live in it (the largest group): contract."),
+         "(``page_size_bytes``) of the layers of one group that live in it (the largest group), each block's "
+         "stride a multiple of the alignment every layer's spec declares (``get_block_stride_alignment``, 0.32 "
+         "on: the block stride of a block-outermost allocation, each layer's page otherwise), no larger: "
+         "contract."),
     Kind("bound_storage",
          "a layer computes with a cache that is not a view of the storage registered for it (a "
          "connector would move other bytes than the kernels use); only observations of the "
@@ -316,19 +320,33 @@ def _check_allocations(c: Collector, observation: Any, layers: Mapping[str, _Lay
     pages = getattr(observation, "page_bytes", None)
     if not storage_of or not pages or observation.num_blocks is None:
         return
+    alignments = getattr(observation, "stride_alignments", None) or {}
+    layout = getattr(observation, "layout", None) or ""
+    block_outermost = layout.startswith("B")  # BLNHC, BLHNC: a block holds every layer's page of that block id
     per_storage: dict[int, dict[int, int]] = {}
+    storage_alignment: dict[int, int] = {}
     sizes: dict[int, int] = {}
     for name, number in storage_of.items():
         layer = layers.get(name)
         if layer is None or name not in pages:
             return  # a layer outside every group: nothing to hold the allocation to
+        align = alignments.get(name, 1) or 1
+        page = pages[name][1] if block_outermost else _round_up(pages[name][1], align)
         groups = per_storage.setdefault(number, {})
-        groups[layer.group] = groups.get(layer.group, 0) + pages[name][1]
+        groups[layer.group] = groups.get(layer.group, 0) + page
+        storage_alignment[number] = math.lcm(storage_alignment.get(number, 1), align)
         sizes[number] = observation.registered[name].storage_nbytes
     for number, groups in sorted(per_storage.items()):
         names = sorted(n for n, s in storage_of.items() if s == number)
-        expected = observation.num_blocks * max(groups.values())
+        block = max(groups.values())
+        if block_outermost:
+            block = _round_up(block, storage_alignment[number])
+        expected = observation.num_blocks * block
         c.cmp("allocation_size", f"allocation of {names[0]}{' +' if len(names) > 1 else ''}: bytes", expected, sizes[number])
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
 
 
 def _check_bound(c: Collector, observation: Any) -> None:

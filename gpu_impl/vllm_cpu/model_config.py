@@ -106,6 +106,10 @@ class ModelConfigStandIn:
             self.use_mla = True  # DeepSeek V4 is an MLA model (its caches hold latent records)
             self.hf_config = self.hf_text_config = _deepseek_v4_text_config(case)
         self.architectures: list[str] = []  # no model class (0.22's init_model_state looks for Whisper)
+        if any(l.family == "step5" for l in case.layers):
+            # Step5's DSA layers are a Step5 checkpoint's: the architecture VllmConfig's MRv1 validation refuses
+            # (_get_v1_model_runner_unsupported_features).
+            self.architecture = "Step5ForCausalLM"
         # The state layer whose page is largest: what a hybrid model class reports for its
         # mixers (one shape for every Mamba layer of a real model).
         states = [l for l in case.layers if l.kind == "mamba"]

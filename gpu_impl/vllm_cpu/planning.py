@@ -174,7 +174,10 @@ def vllm_config_for(case) -> Iterator[Any]:
     try:
         object.__setattr__(vc, "model_config", ModelConfigStandIn(case, getattr(torch, model_dtype)))
         if case.connector is not None:
-            transfer = KVTransferConfig(kv_connector=_CONNECTOR_NAMES[case.connector], kv_role="kv_both")
+            # Buffers on the GPU, as KVTransferConfig defaults them there (current_platform.device_type; on CPU it
+            # would say "cpu", which Step5's DSA layers refuse for NIXL).
+            transfer = KVTransferConfig(kv_connector=_CONNECTOR_NAMES[case.connector], kv_role="kv_both",
+                                        kv_buffer_device="cuda")
             object.__setattr__(vc, "kv_transfer_config", transfer)
         if hasattr(envs, "disable_envs_cache"):
             envs.disable_envs_cache()  # envs are read live, per case
@@ -370,8 +373,8 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
 
     with vllm_config_for(case) as vc:
         with _stage("config"):
-            # What refuses PCP before any layer is built: the runner's own validation.
-            runners.check_prefill_context_parallel(case, runner, vc)
+            # What refuses a configuration before any layer is built (PCP, MRv1's Step5): the runner's own validation.
+            runners.check_model_runner_support(case, runner, vc)
         with _stage("specs"), runners.mixer_environment(case):
             layers = _build_layers(case, runner, vc)
             _negotiate_block_size(case, vc)
@@ -432,6 +435,7 @@ def _run(case, runner: str, admission: bool, result: dict[str, Any], schedules: 
             num_blocks=kv_cache_config.num_blocks,
             bytes_per_block=bytes_per_block,
             page_bytes=spec_facts.page_bytes(kv_cache_config),
+            stride_alignments=spec_facts.stride_alignments(kv_cache_config),
             spec_dtypes=spec_facts.spec_dtypes(kv_cache_config),
             supported_kernel_block_sizes=spec_facts.supported_kernel_block_sizes(kv_cache_config, backends),
             tensors=tuple(

@@ -197,6 +197,8 @@ def _build_layer(layer, cache_config, vc):
         return _qwen4_exp_qsa_attention(layer, vc)
     if layer.family == "inkling":
         return _inkling_attention(layer, vc)
+    if kind == "full" and layer.family == "step5":
+        return _step5_dsa_attention(layer, layer_cache, vc)
     if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm", "encoder_only"):
         from vllm.model_executor.layers.attention.attention import Attention
 
@@ -386,6 +388,28 @@ _INKLING_CONV_STATES: dict[str, Any] = {}
 """The case's Inkling attention layers -> their decoder layer's short-conv state (its case layer; set by ``build_layers``)."""
 
 
+def _step5_dsa_attention(layer, cache_config, vc):
+    """Step5's own attention (models/step5/nvidia/model.py ``Step5Attention``) as ``Step5DecoderLayer`` builds a
+    full-attention layer of a checkpoint with a ``sparse_config``: DSA, on its ``STEP5_DSA`` backend (vLLM's
+    ``Attention`` as ``{prefix}.attn``), then its region summaries (``{prefix}.attn.sparse_summary_cache``) and the
+    open region's ring (``{prefix}.attn.csa_tail_ring``). The sparse config is the checkpoint schema's, parsed by
+    vLLM's ``get_step5_sparse_config``, with one indexer provider group per KV head and two index heads each (the
+    geometry its constructor requires to agree with the attention's); 4 query heads per KV head, a head-wise gate
+    (DSA layers require it); weights stay on meta."""
+    cls = _own_layer_class(layer, "vllm.models.step5.nvidia.model", "Step5Attention")
+    step5_config = importlib.import_module("vllm.models.step5.nvidia.config")
+    tp = vc.parallel_config.tensor_parallel_size
+    total_kv = layer.num_kv_heads * tp
+    sparse = step5_config.get_step5_sparse_config(
+        {"sparse_config": {"index_tp_size": total_kv, "sparse_indexer_num_heads": 2 * total_kv}})
+    with shims.tensor_parallel_group(tp):
+        module = cls(hidden_size=256, num_heads=Q_HEADS_PER_KV_HEAD * total_kv, num_kv_heads=total_kv,
+                     head_dim=layer.head_size, max_position=vc.model_config.max_model_len, cache_config=cache_config,
+                     prefix=layer.name.removesuffix(".attn"), use_head_wise_attn_gate=True, vllm_config=vc,
+                     sparse_config=sparse)
+    return module.attn  # the KV cache layer; its side caches are registered beside it
+
+
 _QSA_INDEXERS: dict[str, tuple[int, int]] = {}
 """The case's Qwen4-exp QSA layers -> their side caches' (compress ratio, index head size) (set by ``build_layers``)."""
 
@@ -501,18 +525,20 @@ def _pcp_size(case) -> int:
     return getattr(case, "prefill_context_parallel_size", 1)
 
 
-def check_prefill_context_parallel(case, runner: str, vc) -> None:
-    """What refuses PCP before the model is loaded, run as vLLM runs it: MRv1 at
-    ``VllmConfig`` validation (``_validate_v1_model_runner``), MRv2 in its constructor
-    (``pcp_manager.maybe_build_pcp_manager`` -> ``PCPManager.validate_config``). Only asked
-    under PCP: the cases set nothing else those validators read."""
-    if _pcp_size(case) <= 1:
-        return
+def check_model_runner_support(case, runner: str, vc) -> None:
+    """What refuses a configuration before the model is loaded, run as vLLM runs it: MRv1 at ``VllmConfig``
+    validation (``_validate_v1_model_runner``: PCP, a Step5 model), MRv2 in its constructor
+    (``pcp_manager.maybe_build_pcp_manager`` -> ``PCPManager.validate_config``). Only asked under PCP or for a model
+    with an architecture of its own (Step5's): the cases set nothing else those validators read."""
     if runner == "mrv1":
+        if _pcp_size(case) <= 1 and getattr(vc.model_config, "architecture", None) is None:
+            return
         validate = getattr(vc, "_validate_v1_model_runner", None)
         if validate is None:
             raise RunnerUnavailable("this vLLM's VllmConfig has no _validate_v1_model_runner to ask about PCP")
         validate()
+        return
+    if _pcp_size(case) <= 1:
         return
     try:
         from vllm.v1.worker.gpu.pcp_manager import PCPManager

@@ -346,6 +346,10 @@ def _on_meta_mode(all_devices: bool, target: str = "meta"):
     class CudaOnMeta(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            # Pinned host memory needs the CUDA driver (kernel wrappers pin their host-side workspaces, e.g.
+            # FlashInfer's): without one it is plain host memory.
+            if kwargs.get("pin_memory"):
+                kwargs.pop("pin_memory")
             device = kwargs.get("device")
             if device is not None and (all_devices or str(device).startswith("cuda")):
                 kwargs["device"] = target
@@ -368,7 +372,9 @@ def cuda_on_meta(*, all_devices: bool = False, target: str = "meta") -> Iterator
 
     Layers and metadata builders allocate scratch on the GPU at construction; the KV
     cache pool is allocated through the runners' ``kv_cache_allocation_context`` hook.
-    Device memory is what the hardware provides: its contents are never read here.
+    Device memory is what the hardware provides: its contents are never read here. Pinned host
+    memory (kernel wrappers' host-side workspaces: Step5's FlashInfer sparse adapter) needs the CUDA
+    driver; without one it is plain host memory.
     ``target="cpu"`` puts them in host memory instead (a connector check reads and writes
     the KV pool's bytes).
     """

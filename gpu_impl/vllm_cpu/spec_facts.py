@@ -63,4 +63,17 @@ def page_bytes(kv_cache_config) -> dict[str, tuple[int, int]]:
     return out
 
 
-__all__ = ["layer_specs", "page_bytes", "spec_dtypes", "storage_numbers", "supported_kernel_block_sizes"]
+def stride_alignments(kv_cache_config) -> dict[str, int] | None:
+    """Per layer, the bytes its spec says a block stride must be a multiple of (``get_block_stride_alignment``,
+    vLLM 0.32 on); None for a release whose specs declare none."""
+    out: dict[str, int] = {}
+    for name, spec in layer_specs(kv_cache_config):
+        method = getattr(spec, "get_block_stride_alignment", None)
+        if method is None:
+            return None
+        out[name] = int(method())
+    return out
+
+
+__all__ = ["layer_specs", "page_bytes", "spec_dtypes", "storage_numbers", "stride_alignments",
+           "supported_kernel_block_sizes"]

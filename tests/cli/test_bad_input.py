@@ -154,6 +154,18 @@ FIELD_ROWS = [
      "kind 'circular_buffer' runs on KPOOL_TAIL"),
     ("ring-fp8", _case(layer={"kind": "circular_buffer", "backend": "KPOOL_TAIL", "index_kpool": 4, "cache_dtype": "fp8"}),
      "kind 'circular_buffer' stores bf16"),
+    ("step5-without-side-caches", _case(layer={"family": "step5", "backend": "STEP5_DSA", "head_size": 192}),
+     "family 'step5' (Step5Attention with DSA) is named '{prefix}.attn' and builds its CSA side caches after it: list "
+     "'step5_summary' 'model.layers.0.self_attn.attn.sparse_summary_cache' and 'step5_csa_ring'"),
+    ("step5-summary-alone", _case(layer={"kind": "step5_summary", "backend": "STEP5_CSA_SUMMARY", "num_kv_heads": 1,
+                                         "head_size": 256, "name": "model.layers.0.self_attn.attn.sparse_summary_cache"}),
+     "kind 'step5_summary' is built by a Step5 DSA layer"),
+    ("step5-summary-width", _case(layer={"kind": "step5_summary", "backend": "STEP5_CSA_SUMMARY", "num_kv_heads": 1,
+                                         "head_size": 128}),
+     "stores one 256-byte FP8 summary per eight tokens: num_kv_heads 1 must be 1, head_size 128 must be 256"),
+    ("step5-ring-fp8", _case(layer={"kind": "step5_csa_ring", "backend": "STEP5_CSA_TAIL_RING", "num_kv_heads": 1,
+                                    "head_size": 512, "cache_dtype": "fp8"}),
+     "kind 'step5_csa_ring' keeps its own dtype and blocks: cache_dtype 'fp8' must be 'auto'"),
 ]
 
 

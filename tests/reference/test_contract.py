@@ -198,3 +198,17 @@ def test_the_contract_alone_reports_a_refusal_without_judging_it() -> None:
 def test_an_unknown_basis_is_refused() -> None:
     with pytest.raises(ValueError, match="basis 'release'"):
         compare(CASE, "mrv1", _observation(), basis="release")
+
+
+@pytest.mark.parametrize(("alignments", "blocks_of", "holds"), [
+    ({"a": 3 * PAGE, "b": 1}, 3 * PAGE, True),   # 2 pages rounded up to the declared 3-page alignment
+    ({"a": 3 * PAGE, "b": 1}, 2 * PAGE, False),  # not rounded up
+    ({"a": PAGE, "b": PAGE}, 3 * PAGE, False),   # rounded up past what the alignment asks
+    (None, 2 * PAGE, True),                      # a release whose specs declare no alignment (before 0.32)
+])
+def test_a_block_outermost_allocation_is_its_blocks_rounded_up_to_the_declared_alignment(alignments, blocks_of, holds) -> None:
+    """``get_block_stride_alignment`` (0.32 on): a block-outermost block holds every layer's page of that block id,
+    its stride a multiple of the alignment each layer's spec declares (Step5's DSA layers: an 8-token page)."""
+    registered = {n: dataclasses.replace(_view(i), storage_nbytes=NUM_BLOCKS * blocks_of) for i, n in enumerate("ab")}
+    observation = _observation(layout="BLNHC", stride_alignments=alignments, registered=registered, bound_views={})
+    assert ("allocation_size" not in _kinds(observation)) is holds

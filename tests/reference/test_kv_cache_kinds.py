@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from reference.block_tables.scenarios import case_groups
-from reference.config import LAYER_KINDS
+from reference.config import LAYER_KINDS, RUNNERS
 from reference.derive import derive
 from reference.errors import StartupError
 from suites.kv_cache_kinds import DOC_PATH, DRIVEN, INVENTORY, render
@@ -42,10 +42,15 @@ def test_every_case_kind_is_a_row_and_every_row_kind_a_case_kind() -> None:
 def test_a_named_case_has_a_layer_of_its_kind_and_the_schedules_it_claims(row) -> None:
     case = CASES[row.named_case]
     assert row.case_kind in {layer.kind for layer in case.layers}, (row.named_case, row.case_kind)
-    try:
-        groups = case_groups(derive(case))
-    except StartupError as exc:
-        assert not row.schedules, f"{row.named_case} is refused ({exc}): it cannot claim schedules"
+    refusals = []
+    for runner in RUNNERS:  # the first runner that starts it (MRv1 refuses a Step5 model)
+        try:
+            groups = case_groups(derive(case, runner))
+            break
+        except StartupError as exc:
+            refusals.append(f"{runner}: {exc}")
+    else:
+        assert not row.schedules, f"{row.named_case} is refused ({'; '.join(refusals)}): it cannot claim schedules"
         return
     if row.schedules:
         assert not isinstance(groups, str), f"{row.named_case}: {groups}"

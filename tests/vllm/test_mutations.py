@@ -675,6 +675,21 @@ MUTATIONS = (
         "registered_shape", frozenset({"registered_shape", "state_view"}),
     ),
     Mutation(
+        # Step5's tail ring reporting half its DSA layer's page (48 rows where the class keeps 96).
+        "step5-ring-half-page", "step5-dsa-b64", "vllm.models.step5.nvidia.csa_tail_ring", "Step5CSATailRing",
+        _layer_spec_replaced(head_size=lambda spec: spec.head_size // 2), "registered_shape",
+        # The rings' own group: its second ring starts half a page earlier in the block (the widest group, the DSA
+        # layers', keeps the block stride).
+        frozenset({"registered_shape", "registered_offset", "tensor_placement"}), runner="mrv2",
+    ),
+    Mutation(
+        # Step5's region summaries kept one per 4 tokens instead of 8: twice the page beside each DSA layer's KV.
+        "step5-summary-per-four-tokens", "step5-dsa-b64", "vllm.models.step5.nvidia.sparse_summary_cache",
+        "Step5SparseSummaryCacheLayer", _layer_spec_replaced(tokens_per_state=lambda spec: 4), "registered_shape",
+        # The next DSA layer's pages move by the larger summary; the block stride, rounded up to 12288 bytes, does not.
+        frozenset({"registered_shape", "registered_offset", "tensor_placement"}), runner="mrv2",
+    ),
+    Mutation(
         # Every conv state stored (dim, state_len) while the rest of vLLM reads (state_len, dim): the same
         # bytes, so only the bound states show it (VLLM_SSM_CONV_STATE_LAYOUT=DS taken as the default).
         "conv-state-dim-first", "qwen3-next-gdn-hybrid", "vllm.model_executor.layers.mamba.mamba_utils",
@@ -760,7 +775,7 @@ def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, mo
 def test_the_contract_catches_most_mutations() -> None:
     """The figure the README states: mutations caught by the contract alone."""
     caught = [m.id for m in MUTATIONS if m.contract]
-    assert len(caught) == 13 and len(MUTATIONS) == 46, (len(caught), len(MUTATIONS))
+    assert len(caught) == 13 and len(MUTATIONS) == 48, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
