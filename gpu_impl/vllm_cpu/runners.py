@@ -535,7 +535,7 @@ def check_model_runner_support(case, runner: str, vc) -> None:
             return
         validate = getattr(vc, "_validate_v1_model_runner", None)
         if validate is None:
-            raise RunnerUnavailable("this vLLM's VllmConfig has no _validate_v1_model_runner to ask about PCP")
+            raise RunnerUnavailable("this vLLM's VllmConfig has no _validate_v1_model_runner to ask about PCP or Step5")
         validate()
         return
     if _pcp_size(case) <= 1:

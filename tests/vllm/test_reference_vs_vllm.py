@@ -158,7 +158,7 @@ def _table_layers(info: ref_backends.BackendInfo) -> list[LayerConfig]:
     if info.is_mla:
         base = dict(kind="mla", head_size=576 if info.head_sizes.accepts(576) else 512)
     else:
-        head = next(h for h in (128, 64, 256, 96, 512) if info.head_sizes.accepts(h))
+        head = next(h for h in (128, 64, 256, 96, 512, 192) if info.head_sizes.accepts(h))
         base = dict(kind="full", num_kv_heads=2, head_size=head)
     out = [LayerConfig(name="model.layers.0.self_attn.attn", backend=info.name, **base)]
     if not info.is_mla and base["head_size"] != 256 and info.head_sizes.accepts(256):
