@@ -23,6 +23,7 @@ from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
 from reference.releases import (DSV4_INDEXER_REFUSES_DCP, FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_STATE_PAGE_GROWS,
+                                MRV1_REFUSES_STEP5,
                                 PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
                                 SLIDING_WINDOW_PACKED_AS_STATE,
                                 STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, holds)
@@ -979,11 +980,11 @@ def _check_indexer_builder(case: CaseConfig) -> None:
 
 
 def _check_model_runner_support(case: CaseConfig, runner: str) -> None:
-    """The runner refuses a configuration before any layer is built: MRv1 at VllmConfig validation (a Step5 model,
-    PCP: ``_get_v1_model_runner_unsupported_features`` lists them in that order, joined), MRv2 in its constructor's
-    ``PCPManager.validate_config``. The drivers ask before building layers, so a hybrid's block-size negotiation comes
-    after it here."""
-    if runner == "mrv1" and any(layer.family == "step5" for layer in case.layers):
+    """The runner refuses a configuration before any layer is built: MRv1 at VllmConfig validation (PCP and, from
+    0.33, a Step5 model: ``_get_v1_model_runner_unsupported_features`` lists them in that order, joined), MRv2 in its
+    constructor's ``PCPManager.validate_config``. The drivers ask before building layers, so a hybrid's block-size
+    negotiation comes after it here."""
+    if runner == "mrv1" and holds(MRV1_REFUSES_STEP5, case.vllm_version) and any(l.family == "step5" for l in case.layers):
         features = ["prefill context parallel"] if case.prefill_context_parallel_size > 1 else []
         raise StartupError("Model Runner V1 does not support: " + ", ".join(features + ["Step5"]),
                            where="vllm/config/vllm.py: VllmConfig._validate_v1_model_runner")

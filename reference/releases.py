@@ -544,6 +544,17 @@ DSV4_INDEXER_REFUSES_DCP: tuple[Fact[bool], ...] = (
 """Whether DeepSeek V4 under DCP is refused by the sparse indexer's metadata builder (before: by its sliding-window
 caches at admission, which the reference does not model)."""
 
+MRV1_REFUSES_STEP5: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FIRST, False,
+         "vllm/config/vllm.py in 0.29.0 to 0.32.0: _get_v1_model_runner_unsupported_features lists no architecture "
+         "(Step5's model, vllm/models/step5, is new in 0.33.0); observed on 0.29.0 (the ci sample's Step5 configs: "
+         "MRv1 goes on to build the layers)"),
+    Fact((0, 33, 0), True,
+         "vllm/config/vllm.py in 0.33.0: VllmConfig._get_v1_model_runner_unsupported_features appends 'Step5' for "
+         "the Step5ForCausalLM and Step5ForConditionalGeneration architectures (step5-dsa-b64)"),
+)
+"""Whether MRv1 refuses a Step5 model at ``VllmConfig`` validation."""
+
 BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED: tuple[Fact[bool], ...] = (
     Fact(GEN1_FIRST, False,
          "vllm/v1/worker/block_table.py and gpu/block_table.py in 0.19.1 to 0.26.0 (read off their wheels): no "
@@ -634,6 +645,7 @@ GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
     "the common page grows to hold a hidden-state token": HIDDEN_STATE_PAGE_GROWS,
     "a packed sliding-window bucket splits like a state bucket": SLIDING_WINDOW_PACKED_AS_STATE,
     "the sparse indexer's builder refuses DeepSeek V4 under DCP": DSV4_INDEXER_REFUSES_DCP,
+    "MRv1 refuses a Step5 model": MRV1_REFUSES_STEP5,
     "MRv1's move_row clears the row it vacates": MRV1_MOVE_ROW_CLEARS_SOURCE,
     "block-table rows span a multiple of 128 tokens": BLOCK_TABLE_WIDTHS_TOKEN_ALIGNED,
     "MRv2 frees a step's request slots in request-id order": MRV2_FREES_SLOTS_IN_ID_ORDER,
