@@ -94,3 +94,26 @@ def test_a_layer_module_that_failed_to_import_stays_unavailable(monkeypatch: pyt
         with pytest.raises(runners.RunnerUnavailable, match="does not import here .ModuleNotFoundError: No module named 'torchvision'"):
             runners._own_layer_class(layer, "kvconform.test.module", "SimpleNamespace")
     assert attempts == ["kvconform.test.module"]
+
+
+def test_step5_is_built_by_its_own_classes_and_refused_by_mrv1s_own_validator() -> None:
+    """Step5's DSA layer is vLLM's Step5Attention, which registers its Attention, its summaries and its ring
+    itself; what the observation says about them comes from vLLM's own objects (specs, backends, alignments)."""
+    from suites.named_cases import CASES
+
+    case = CASES["step5-dsa-b64"]
+    mrv1 = planning.observe(case, "mrv1")
+    assert mrv1.error == "ValueError: Model Runner V1 does not support: Step5" and mrv1.error_stage == "config"
+    obs = planning.observe(case, "mrv2")
+    assert obs.error is None and obs.layout == "BLNHC"
+    dsa = "model.layers.1.self_attn.attn"
+    assert {obs.layer_backends[n] for n in (dsa, dsa + ".sparse_summary_cache", dsa + ".csa_tail_ring")} == {
+        "STEP5_DSA", "STEP5_CSA_SUMMARY", "STEP5_CSA_TAIL_RING"}
+    # The DSA backend's customize_spec: 8-token pages tile the block stride (an 8-token page of 2 x 192 bf16 K and V);
+    # the ring's 1 KiB rows; the summaries declare none.
+    assert obs.stride_alignments[dsa] == 8 * 2 * 192 * 2 * 2
+    assert obs.stride_alignments[dsa + ".csa_tail_ring"] == 1024
+    assert obs.stride_alignments[dsa + ".sparse_summary_cache"] == 1
+    # The ring is one main page; the summaries one 256-byte row per 8 tokens.
+    assert obs.page_bytes[dsa + ".csa_tail_ring"] == obs.page_bytes[dsa]
+    assert obs.page_bytes[dsa + ".sparse_summary_cache"] == (64 // 8 * 256, 64 // 8 * 256)
