@@ -745,10 +745,15 @@ def _check_step5_layer(case: "CaseConfig", index: int, layer: LayerConfig) -> No
                               f"and {expected[1][1]!r} {expected[1][0]!r} right after it")
         return
     suffix = STEP5_SIDE_CACHES[layer.kind][0]
-    owner_name = layer.name.removesuffix(suffix)
+    owner_name = step5_owner_name(layer)
     if not layer.name.endswith(suffix) or not any(l.name == owner_name and l.family == "step5" for l in case.layers[:index]):
         raise ConfigError(f"layer {layer.name!r}: kind {layer.kind!r} is built by a Step5 DSA layer: name it "
                           f"'{{prefix}}.attn{suffix}' after a family 'step5' layer '{{prefix}}.attn'")
+
+
+def step5_owner_name(layer: LayerConfig) -> str:
+    """The name of the Step5 DSA layer (``{prefix}.attn``) that builds the side cache ``layer``."""
+    return layer.name.removesuffix(STEP5_SIDE_CACHES[layer.kind][0])
 
 
 def _check_one_model_of_mixers(case: "CaseConfig") -> None:

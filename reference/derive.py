@@ -15,7 +15,7 @@ from functools import cached_property
 from reference import backends as bk
 from reference.backends import Packing
 from reference.config import (DSV4_KINDS, FAMILY_BACKENDS, QSA_KINDS, STEP5_SIDE_CACHES, CaseConfig, LayerConfig,
-                              LAYER_OWN_BACKENDS)
+                              LAYER_OWN_BACKENDS, step5_owner_name)
 from reference.dtypes import canonical_model_dtype, dtype_size, quant_mode, storage_dtype
 from reference.errors import ConfigError, NotModeledError, StartupError
 from reference.parallel import prefill_context_parallel_refusal, scheduler_block_sizes
@@ -415,8 +415,8 @@ def _check_step5_attention(case: CaseConfig, layer: LayerConfig) -> None:
         raise StartupError(f"Step5 DSA kernels require head_size 192, got {layer.head_size}.", where=where)
 
 
-STEP5_RING_ROW_BYTES = 1024
-"""``Step5CSATailRing``'s row: one bf16 ``[index_k | index_z]`` of 2 x 256."""
+STEP5_RING_ROW_BYTES = STEP5_SIDE_CACHES["step5_csa_ring"][1] * dtype_size("bfloat16")
+"""``Step5CSATailRing``'s row: one bf16 ``[index_k | index_z]`` of 2 x 256 (1 KiB)."""
 
 STEP5_RING_REPLAY_ROWS = 7
 """The rows a region's closing row replays (``required_rows = 7 + num_speculative_tokens``, the drafts counted only for
@@ -424,8 +424,8 @@ an MTP speculative config; a case's drafts are Eagle drafts)."""
 
 
 def _step5_owner(case: CaseConfig, layer: LayerConfig) -> LayerConfig:
-    suffix = STEP5_SIDE_CACHES[layer.kind][0]
-    return next(l for l in case.layers if l.name == layer.name.removesuffix(suffix) and l.family == "step5")
+    owner = step5_owner_name(layer)
+    return next(l for l in case.layers if l.name == owner and l.family == "step5")
 
 
 def _step5_summary_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
