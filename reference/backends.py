@@ -479,6 +479,29 @@ BACKENDS: dict[str, BackendInfo] = {
             packing=Packing.MLA_LATENT,
             pcp_without_mla=True,
         ),
+        # DeepSeek V4.1's FlashMLA path (models/deepseek_v41/): its compressed attention cache's backend and its
+        # indexer keys' (DeepseekV41IndexerBackend); 64-token kernel blocks on SM90, 128 elsewhere. Its SWA cache and
+        # compressor rings run on backends of V4's names and declarations (DEEPSEEK_SPARSE_SWA, CompressorBackend).
+        BackendInfo(
+            "FLASHMLA_SPARSE_DSV41",
+            "models/deepseek_v41/sparse_mla.py",
+            (128,),
+            head_sizes=HeadSizes(values=(512,)),
+            kv_cache_dtypes=("auto", "fp8_ds_mla", "fp8"),
+            packing=Packing.MLA_LATENT,
+            is_mla=True,
+            variants=(Variant(capability_majors=(9,), kernel_block_sizes=(64,), note="SM90"),),
+        ),
+        BackendInfo(
+            "DEEPSEEK_V41_INDEXER",
+            "v1/attention/backends/mla/indexer.py",
+            (128,),
+            layouts=(BLHNC, KVCacheLayout.BLNHC),
+            head_sizes=HeadSizes(values=(32, 64, 128)),
+            packing=Packing.MLA_LATENT,
+            pcp_without_mla=True,
+            variants=(Variant(capability_majors=(9,), kernel_block_sizes=(64,), note="SM90"),),
+        ),
         BackendInfo(
             "CompressorBackend",
             "models/deepseek_v4/compressor.py",

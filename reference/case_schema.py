@@ -55,7 +55,7 @@ def layer_schema() -> dict[str, Any]:
             "attention_chunk_size": _int(1, MAX_TOKENS, optional=True),
             "sink_len": _int(0, MAX_TOKENS, optional=True),
             "rswa_window": _int(1, MAX_TOKENS, optional=True),
-            "index_kpool": _int(2, MAX_TOKENS, optional=True),
+            "index_kpool": _int(1, MAX_TOKENS, optional=True),
             "mamba_shapes": {
                 "type": "array",
                 "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}},

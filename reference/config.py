@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Mapping, Sequence
 
@@ -92,6 +93,7 @@ LAYER_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "qwen4_exp": ("vllm.models.qwen4_exp.nvidia.qsa", "Qwen4ExpQSAAttention", ("full",)),
     "inkling": ("vllm.models.inkling.nvidia.attention", "InklingAttention", ("full", "sliding_window")),
     "step5": ("vllm.models.step5.nvidia.model", "Step5Attention", ("full",)),
+    "deepseek_v41": ("vllm.models.deepseek_v41.nvidia.flashmla", "DeepseekV4FlashMLAAttention", DSV4_KINDS),
 }
 """A layer's ``family``: the model family whose own layer class builds a layer of a generic kind (its spec is the
 kind's; the class owns its construction and checks) -> (module, class, the kinds it builds). None: vLLM's generic
@@ -104,7 +106,8 @@ layer's short-conv state (``InklingConvState``): the case lists that ``inkling_c
 ``{prefix}.conv_state`` right before ``{prefix}.attn``; ``step5``'s (Step5's DSA layers: its full-attention layers
 when the checkpoint has a ``sparse_config``) builds vLLM's ``Attention`` on ``STEP5_DSA`` as ``{prefix}.attn``, then its
 CSA side caches: the case lists its ``step5_summary`` ``{prefix}.attn.sparse_summary_cache`` and ``step5_csa_ring``
-``{prefix}.attn.csa_tail_ring`` right after it."""
+``{prefix}.attn.csa_tail_ring`` right after it; ``deepseek_v41`` (DeepSeek V4.1's attention on FlashMLA, every one of
+its caches, ``DSV41_CACHES``) builds a decoder layer's caches itself: the case lists them as V4.1 registers them."""
 
 FAMILY_BACKENDS = {"minimax_m3": "MINIMAX_M3_SPARSE", "qwen4_exp": "QWEN4_EXP_QSA_TRITON", "inkling": "FLASH_ATTN",
                    "step5": "STEP5_DSA"}
@@ -116,6 +119,29 @@ DSV4_CACHE_DTYPE = "fp8_ds_mla"
 
 DSV4_COMPRESS_RATIOS = (4, 128)
 """``CompressorStateCache`` asserts ``compress_ratio in [4, 128]``; a C4 layer also has the indexer."""
+
+DSV41_COMPRESS_RATIOS = (1, 2)
+"""DeepSeek V4.1's compressed layers (``DeepseekV4Attention.__init__`` refuses any ratio but 0, 1 and 2; 0 is a
+sliding-window layer, which owns only its SWA cache)."""
+
+DSV41_CACHES: dict[str, tuple[str, str, int]] = {
+    "dsv4_attention": ("", "FLASHMLA_SPARSE_DSV41", 512),
+    "dsv4_indexer": (".indexer.k_cache", "DEEPSEEK_V41_INDEXER", 132),
+    "dsv4_swa": (".swa_cache", "DEEPSEEK_SPARSE_SWA", 512),
+    "dsv4_compressor_state": (".compressor.state_cache", "CompressorBackend", 1024),
+}
+"""DeepSeek V4.1's caches (family ``deepseek_v41`` on DeepSeek V4's kinds), in the order one decoder layer's
+``DeepseekV4Attention`` (``models/deepseek_v41/attention.py``, on FlashMLA: ``DeepseekV4FlashMLAAttention``) registers
+them -> (name suffix after its prefix ``...layers.{i}.attn``, the backend its class names, the head size V4.1's geometry
+gives it). A kv-source layer owns the compressed cache (``dsv4_attention``, ``index_kpool`` its compress ratio 1 or
+2); one that is also an index source owns the indexer's key cache (132 bytes of fp8 keys and fp32 scales per state, at
+the layer's ratio); every layer has its SWA cache (32-token blocks); a ratio-2 source has its compressor's ring of fp32
+[kv, score] rows (a ``CircularBufferSpec``). Layers that read another layer's compressed cache (consumers) own only
+their SWA cache, as sliding-window layers do: a case lists them as sliding-window layers."""
+DSV41_ATTENTION_BACKEND = "FLASHMLA_SPARSE_DSV41"
+"""The ``--attention-backend`` a DeepSeek V4.1 case names: ``_select_dsv4_attn_cls`` (models/deepseek_v41/nvidia/model.py)
+picks FlashMLA mega attention by default on SM100 (its NVFP4 compressed cache, not modeled) and FlashInfer's plain
+rows on SM120; FlashMLA is the path the reference models."""
 
 MINIMAX_INDEXER_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 """A ``minimax_indexer`` layer's ``cache_dtype`` is the engine's ``--attention-config indexer_kv_dtype`` (the index
@@ -139,6 +165,22 @@ LAYER_OWN_BACKENDS: dict[str, tuple[str, str]] = {
 }
 """Kinds whose layer class names its backend itself (``get_attn_backend``, no selection and no
 selector validation): kind -> (backend, layer class)."""
+_DSV41_PREFIX = re.compile(r"(?:[A-Za-z_]\w*\.)*\d+\.attn")
+"""A DeepSeek V4.1 decoder layer's attention prefix: one layer index (vLLM's ``extract_layer_index``), then ``.attn``."""
+
+
+def own_backend(layer: "LayerConfig") -> tuple[str, str]:
+    """(backend, layer class) of a kind whose class names its backend: DeepSeek V4.1's caches on their own."""
+    if layer.family == "deepseek_v41" and layer.kind in DSV41_CACHES:
+        return DSV41_CACHES[layer.kind][1], LAYER_OWN_BACKENDS[layer.kind][1]
+    return LAYER_OWN_BACKENDS[layer.kind]
+
+
+def dsv41_prefix(layer: "LayerConfig") -> str:
+    """The decoder layer's attention prefix ``...layers.{i}.attn`` of a DeepSeek V4.1 cache."""
+    return layer.name.removesuffix(DSV41_CACHES[layer.kind][0])
+
+
 HIDDEN_STATE_CACHE_DTYPES = ("auto", "bfloat16", "float16")
 """What ``CacheOnlyAttentionLayer.__init__`` accepts (it asserts: no quantized cache; its only
 builder, ``ExtractHiddenStatesModel``, replaces a quantized ``--kv-cache-dtype`` with ``auto``)."""
@@ -416,8 +458,8 @@ class LayerConfig:
         if self.kind == "circular_buffer" and self.cache_dtype != "auto":
             raise ConfigError(f"layer {self.name!r}: kind 'circular_buffer' stores bf16 whatever the cache dtype "
                               f"(Glm5NextTailCache); cache_dtype {self.cache_dtype!r} must be 'auto'")
-        if self.kind in LAYER_OWN_BACKENDS and self.backend != LAYER_OWN_BACKENDS[self.kind][0]:
-            backend, layer_class = LAYER_OWN_BACKENDS[self.kind]
+        if self.kind in LAYER_OWN_BACKENDS and self.backend != own_backend(self)[0]:
+            backend, layer_class = own_backend(self)
             raise ConfigError(f"layer {self.name!r}: kind {self.kind!r} runs on {backend} "
                               f"({layer_class} names it), not {self.backend!r}")
         if self.kind == "minimax_indexer" and self.cache_dtype not in MINIMAX_INDEXER_CACHE_DTYPES:
@@ -476,9 +518,38 @@ class LayerConfig:
         if self.is_draft or self.family is not None:
             raise ConfigError(f"{owner} is built by a Step5 DSA layer, not a drafter or another family")
 
+    def _check_dsv41(self, owner: str) -> None:
+        """What DeepSeek V4.1's classes build (``models/deepseek_v41/``): V4's geometry (one latent head of 512, 448 NoPE
+        and 64 RoPE, which its compressor asserts; 128-wide index keys), compress ratios 1 and 2, the fp8_ds_mla
+        format (FlashMLA's; its MXFP8 record on SM100 follows from the capability, not the dtype)."""
+        suffix, _backend, head_size = DSV41_CACHES[self.kind]
+        if self.cache_dtype != DSV4_CACHE_DTYPE:
+            raise ConfigError(f"{owner} (DeepSeek V4.1) is modeled in the {DSV4_CACHE_DTYPE} format only (FlashMLA's); "
+                              f"cache_dtype {self.cache_dtype!r} must be {DSV4_CACHE_DTYPE!r}")
+        if self.num_kv_heads != 1 or self.head_size != head_size or self.head_size_v is not None:
+            raise ConfigError(f"{owner} (DeepSeek V4.1) stores one latent state per position: num_kv_heads "
+                              f"{self.num_kv_heads!r} must be 1, head_size {self.head_size!r} must be {head_size}, "
+                              f"head_size_v unset")
+        if (self.kind == "dsv4_swa") != (self.sliding_window is not None) or (self.sliding_window is not None
+                                                                             and self.sliding_window < 1):
+            raise ConfigError(f"{owner} (DeepSeek V4.1): sliding_window {self.sliding_window!r} must be the model's "
+                              f"window on its SWA cache and unset on its other caches")
+        if self.kind == "dsv4_compressor_state" and self.index_kpool != 2:
+            raise ConfigError(f"{owner} (DeepSeek V4.1) is the ring of a ratio-2 compressor: index_kpool "
+                              f"{self.index_kpool!r} must be 2 (a ratio-1 layer keeps no ring)")
+        if self.kind in ("dsv4_attention", "dsv4_indexer") and self.index_kpool not in DSV41_COMPRESS_RATIOS:
+            raise ConfigError(f"{owner} (DeepSeek V4.1) needs index_kpool, the layer's compress ratio, one of "
+                              f"{', '.join(map(str, DSV41_COMPRESS_RATIOS))}; got {self.index_kpool!r}")
+        if not self.name.endswith(suffix) or not _DSV41_PREFIX.fullmatch(self.name.removesuffix(suffix)):
+            raise ConfigError(f"{owner} (DeepSeek V4.1) is named as its decoder layer registers it, "
+                              f"'{{...}}.layers.{{i}}.attn{suffix}' (one layer index in the name)")
+
     def _check_dsv4(self) -> None:
         """What DeepSeek V4's cache classes assert or accept (``models/deepseek_v4/``)."""
         owner = f"layer {self.name!r}: kind {self.kind!r}"
+        if self.family == "deepseek_v41":
+            self._check_dsv41(owner)
+            return
         if self.cache_dtype != DSV4_CACHE_DTYPE:
             raise ConfigError(f"{owner} is modeled in the {DSV4_CACHE_DTYPE} format only (FlashMLA's); "
                               f"cache_dtype {self.cache_dtype!r} must be {DSV4_CACHE_DTYPE!r}")
@@ -600,6 +671,8 @@ class CaseConfig:
                     raise ConfigError(f"layer {layer.name!r}: family 'minimax_m3' (MiniMaxM3SparseAttention) builds its "
                                       f"indexer's key cache too: list a 'minimax_indexer' layer named "
                                       f"{layer.name + '.index_cache'!r} right before it (vLLM registers it first)")
+        if any(layer.family == "deepseek_v41" for layer in self.layers):
+            _check_dsv41_model(self)
         _check_one_model_of_mixers(self)
 
     # --- JSON ------------------------------------------------------------------------
@@ -749,6 +822,63 @@ def _check_step5_layer(case: "CaseConfig", index: int, layer: LayerConfig) -> No
     if not layer.name.endswith(suffix) or not any(l.name == owner_name and l.family == "step5" for l in case.layers[:index]):
         raise ConfigError(f"layer {layer.name!r}: kind {layer.kind!r} is built by a Step5 DSA layer: name it "
                           f"'{{prefix}}.attn{suffix}' after a family 'step5' layer '{{prefix}}.attn'")
+
+
+def _check_dsv41_model(case: "CaseConfig") -> None:
+    """A DeepSeek V4.1 case is one V4.1 model: its decoder layers' caches only, listed as each ``DeepseekV4Attention``
+    registers them (``DSV41_CACHES`` order, layer by layer), with the topology its config can describe (every kv source
+    with an index source at or below it, which ``DeepseekV4Attention.__init__`` looks up), on FlashMLA."""
+    others = [l.name for l in case.layers if l.family != "deepseek_v41"]
+    if others:
+        raise ConfigError(f"case {case.name!r}: a DeepSeek V4.1 case lists only its decoder layers' caches (family "
+                          f"'deepseek_v41'); layer {others[0]!r} is not one")
+    if case.attention_backend != DSV41_ATTENTION_BACKEND:
+        raise ConfigError(f"case {case.name!r}: attention_backend {case.attention_backend!r} must be "
+                          f"{DSV41_ATTENTION_BACKEND!r} for DeepSeek V4.1 (without it SM100 picks FlashMLA mega "
+                          f"attention and SM120 FlashInfer, which the reference does not model)")
+    windows = {l.sliding_window for l in case.layers if l.kind == "dsv4_swa"}
+    if len(windows) > 1:
+        raise ConfigError(f"case {case.name!r}: DeepSeek V4.1's SWA caches share the model's one sliding_window, "
+                          f"got {sorted(windows)}")
+    order = list(DSV41_CACHES)
+    decoder_layers: dict[str, list[LayerConfig]] = {}
+    previous = None
+    for layer in case.layers:
+        prefix = dsv41_prefix(layer)
+        if prefix in decoder_layers and prefix != previous:
+            raise ConfigError(f"layer {layer.name!r}: list a DeepSeek V4.1 decoder layer's caches together")
+        decoder_layers.setdefault(prefix, []).append(layer)
+        previous = prefix
+    last_index = -1
+    index_sources: list[int] = []
+    for prefix, layers in decoder_layers.items():
+        index = int(prefix.split(".")[-2])
+        if index <= last_index:
+            raise ConfigError(f"layer {prefix!r}: DeepSeek V4.1 builds its decoder layers in order; list layer {index} "
+                              f"after layer {last_index}")
+        last_index = index
+        kinds = [l.kind for l in layers]
+        by_kind = {l.kind: l for l in layers}
+        attention = by_kind.get("dsv4_attention")
+        ratio = attention.index_kpool if attention is not None else 0
+        expected = [k for k in order if k == "dsv4_swa" or (attention is not None and (
+            k == "dsv4_attention" or (k == "dsv4_indexer" and "dsv4_indexer" in by_kind)
+            or (k == "dsv4_compressor_state" and ratio == 2)))]
+        if kinds != expected:
+            raise ConfigError(f"layer {prefix!r}: a DeepSeek V4.1 decoder layer of compress ratio {ratio} registers "
+                              f"{', '.join(repr(prefix + DSV41_CACHES[k][0]) for k in expected)} in that order "
+                              f"(the kv-source's compressed cache, its indexer keys if an index source, its SWA cache, "
+                              f"a ratio-2 compressor's ring); got {', '.join(repr(l.name) for l in layers)}")
+        indexer = by_kind.get("dsv4_indexer")
+        if indexer is not None and indexer.index_kpool != ratio:
+            raise ConfigError(f"layer {indexer.name!r}: the indexer keys are kept at their layer's compress ratio "
+                              f"{ratio}, not {indexer.index_kpool}")
+        if indexer is not None:
+            index_sources.append(index)
+        if attention is not None and not index_sources:
+            raise ConfigError(f"layer {attention.name!r}: a DeepSeek V4.1 kv source reads the index of the latest index "
+                              f"source at or below it; list its indexer keys ('dsv4_indexer' "
+                              f"{prefix + DSV41_CACHES['dsv4_indexer'][0]!r}) or an index source before it")
 
 
 def step5_owner_name(layer: LayerConfig) -> str:

@@ -313,7 +313,7 @@ def raw_spec(case: CaseConfig, layer: LayerConfig, backend: bk.BackendInfo) -> L
     if layer.kind in QSA_KINDS:
         return _qsa_spec(case, layer)
     if layer.kind in DSV4_KINDS:
-        return _deepseek_v4_spec(case, layer)
+        return _deepseek_v41_spec(case, layer) if layer.family == "deepseek_v41" else _deepseek_v4_spec(case, layer)
     if layer.kind == "hidden_state":
         # CacheOnlyAttentionLayer.get_kv_cache_spec: num_heads x head_size in the model dtype
         # (kv_cache_dtype_str_to_dtype of auto/bf16/fp16), no V, no cache_dtype_str.
@@ -646,6 +646,58 @@ DSV4_COMPRESSOR_BLOCK_SIZE = {4: 4, 128: 8}
 """``CompressorStateCache``'s own block size per compress ratio: pages that fit the attention block they share."""
 
 
+DSV41_SWA_BLOCK_SIZE = 32
+"""``DeepseekV4SWACache(block_size=32)`` as DeepSeek V4.1's attention builds it (V4 leaves the class default, 64)."""
+
+
+def dsv41_records(capability: tuple[int, int]) -> tuple[int, int]:
+    """(bytes per token of a packed fp8_ds_mla record, the page alignment) DeepSeek V4.1 writes on a GPU of this
+    capability (``_use_v41_mxfp8_kv_record``: SM10x, where FlashMLA decodes V4.1's MXFP8 record of 512 fp8 dims and
+    16 UE8M0 scales, pages already 512-byte multiples; elsewhere V4's 584-byte record and 576-byte pages)."""
+    return (528, 512) if capability[0] == 10 else (DSV4_RECORD_BYTES, DSV4_FP8_DS_MLA_ALIGNMENT)
+
+
+def dsv41_compressor_ring(num_speculative_tokens: int = 0) -> int:
+    """``CompressorStateCache``'s ring (models/deepseek_v41/compressor.py): the drafts, the bonus token and the
+    previous row, as a power of two of at least 8. The drivers build layers under a config without a speculative
+    config, so the ring counts no drafts."""
+    rows = num_speculative_tokens + 2
+    return max(8, 1 << (rows - 1).bit_length())
+
+
+def _deepseek_v41_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
+    """DeepSeek V4.1's caches on FlashMLA in the fp8_ds_mla format (``models/deepseek_v41/attention.py``), one latent
+    state per position:
+
+    - ``DeepseekV4Attention`` (a kv source): an ``MLAAttentionSpec`` of one packed record per ``compress_ratio``
+      tokens (``state_content_bytes``), uint8, ``--block-size`` tokens, pages aligned to the record's alignment, no TP
+      shard count;
+    - ``DeepseekV4IndexerCache``: an ``MLAAttentionSpec`` of ``head_size`` uint8 bytes per state at the layer's ratio,
+      the same page alignment (it shares a block with the main cache), no block-stride alignment (the sparse-logits
+      path that sets one is off by default);
+    - ``DeepseekV4SWACache``: a ``SlidingWindowMLASpec`` of packed records, 32-token blocks, one TP shard; on SM10x its
+      block stride is a multiple of ``lcm(swa, compressed)`` record bytes (FlashMLA reads the interleaved records as
+      rows of the whole cache); ``bounded_replay`` is the runner's (``_customized_specs``);
+    - ``CompressorStateCache``: a ``CircularBufferSpec`` ring of fp32 [kv, score] rows (``head_size`` floats)."""
+    record, alignment = dsv41_records(case.capability)
+    if layer.kind == "dsv4_compressor_state":
+        return AttentionSpec(kind=SpecKind.CIRCULAR_BUFFER, block_size=dsv41_compressor_ring(), num_kv_heads=1,
+                             head_size=layer.head_size, head_size_v=0, dtype="float32", is_draft=layer.is_draft)
+    common = dict(num_kv_heads=1, head_size=layer.head_size, head_size_v=0, dtype="uint8", alignment=alignment,
+                  is_draft=layer.is_draft)
+    if layer.kind == "dsv4_attention":
+        return AttentionSpec(kind=SpecKind.MLA, block_size=case.block_size, cache_dtype=layer.cache_dtype,
+                             cache_dtype_str=layer.cache_dtype, kv_quant_mode=quant_mode(layer.cache_dtype),
+                             tokens_per_state=layer.index_kpool or 1, state_content_bytes=record, **common)
+    if layer.kind == "dsv4_indexer":
+        return AttentionSpec(kind=SpecKind.MLA, block_size=case.block_size, tokens_per_state=layer.index_kpool or 1,
+                             **common)
+    return AttentionSpec(kind=SpecKind.SLIDING_WINDOW_MLA, block_size=DSV41_SWA_BLOCK_SIZE, cache_dtype=layer.cache_dtype,
+                         cache_dtype_str=layer.cache_dtype, kv_quant_mode=quant_mode(layer.cache_dtype),
+                         sliding_window=layer.sliding_window, state_content_bytes=record, max_tp_shards=1,
+                         block_stride_alignment=record if alignment == 512 else None, **common)
+
+
 def _deepseek_v4_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
     """DeepSeek V4's caches in the fp8_ds_mla format, one latent head each, one TP shard (``max_tp_shards=1``),
     every page rounded up to 576 bytes (``alignment``, applied by the spec itself, on every copy too):
@@ -707,6 +759,10 @@ def _customized_specs(case: CaseConfig, runner: str) -> tuple[dict[str, LayerSpe
         spec = memo.get(key)
         if spec is None:
             spec = memo[key] = _customized_spec(case, layer, name)
+            if layer.family == "deepseek_v41" and layer.kind == "dsv4_swa" and runner == "mrv2":
+                # DeepseekV4Attention.__init__ (models/deepseek_v41/attention.py): --swa-bounded-replay (on by default)
+                # keeps the window out of prefix caching, on MRv2 only (only it skips replayed tokens' writes).
+                spec = memo[key] = replace(spec, bounded_replay=True)
         specs[layer.name] = spec
     return specs, backends
 

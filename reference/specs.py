@@ -112,6 +112,9 @@ class AttentionSpec:
     """``MLAAttentionSpec`` / ``SlidingWindowMLASpec.alignment`` (DeepSeek V4's caches): the page is rounded up to a
     multiple of it when built, and again on every copy (``_apply_alignment_padding`` in ``__post_init__``, which
     keeps a copy's inherited ``page_size_padded`` when the new page is already a multiple)."""
+    bounded_replay: bool = False
+    """``SlidingWindowMLASpec.bounded_replay`` (DeepSeek V4.1's SWA cache under MRv2, ``--swa-bounded-replay``): the
+    window is kept out of prefix caching (``prefix_cacheable`` False) and rebuilt after a hit by recomputing it."""
     dcp_sharded: bool = True
     is_draft: bool = field(default=False, compare=False)
     """Draft (speculative) layer; like vLLM, never part of equality or grouping."""
@@ -191,7 +194,7 @@ class AttentionSpec:
 
     @property
     def prefix_cacheable(self) -> bool:
-        return not self.is_ring
+        return not self.is_ring and not self.bounded_replay
 
     @property
     def block_table_token_alignment(self) -> int | None:

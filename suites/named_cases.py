@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from reference.config import (DSV4_CACHE_DTYPE, LAYER_OWN_BACKENDS, STATE_MIXERS, STEP5_SIDE_CACHES, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
+from reference.config import (DSV4_CACHE_DTYPE, DSV41_ATTENTION_BACKEND, DSV41_CACHES, LAYER_OWN_BACKENDS, STATE_MIXERS, STEP5_SIDE_CACHES, CaseConfig, LayerConfig, StateMixer, indexer_k_cache_bytes,
                               uniform_layers)
 from reference.errors import ConfigError
 from reference.layout import LAYOUT_NAMES as _LAYOUTS
@@ -110,6 +110,27 @@ def deepseek_v4_caches(compress_ratios: Sequence[int], *, sliding_window: int = 
         if ratio:
             layers += [cache(attn, "dsv4_attention", head_dim, index_kpool=ratio),
                        cache(f"{attn}.compressor.state_cache", "dsv4_compressor_state", 2 * coff * head_dim, index_kpool=ratio)]
+    return tuple(layers)
+
+
+def deepseek_v41_caches(decoder_layers: Sequence[tuple[int, bool]], *, sliding_window: int = 128,
+                        prefix: str = "model.layers") -> tuple[LayerConfig, ...]:
+    """DeepSeek V4.1's caches (family ``deepseek_v41``), one decoder layer per ``(compress ratio, index source)``, named
+    and ordered as its ``DeepseekV4Attention`` registers them (``DSV41_CACHES``): ratio 0 is a layer owning only its SWA
+    cache (a sliding-window layer, or a consumer of an earlier kv source's compressed cache); ratio 1 or 2 a kv source,
+    which owns the compressed cache, its indexer keys when it is an index source, and a ratio-2 compressor's ring
+    (also the zoo's and the sampler's ``dsv41`` family). Its cases name FlashMLA (``DSV41_ATTENTION_BACKEND``)."""
+    layers: list[LayerConfig] = []
+    for i, (ratio, index_source) in enumerate(decoder_layers):
+        attn = f"{prefix}.{i}.attn"
+        for kind, (suffix, backend, head_size) in DSV41_CACHES.items():
+            if kind != "dsv4_swa" and (not ratio or (kind == "dsv4_indexer" and not index_source)
+                                       or (kind == "dsv4_compressor_state" and ratio != 2)):
+                continue
+            layers.append(LayerConfig(attn + suffix, kind=kind, backend=backend, num_kv_heads=1, head_size=head_size,
+                                      cache_dtype=DSV4_CACHE_DTYPE, family="deepseek_v41",
+                                      sliding_window=sliding_window if kind == "dsv4_swa" else None,
+                                      index_kpool=None if kind == "dsv4_swa" else ratio))
     return tuple(layers)
 
 

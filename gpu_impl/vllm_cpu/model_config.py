@@ -42,6 +42,37 @@ def _deepseek_v4_text_config(case) -> SimpleNamespace:
                            qk_rope_head_dim=64, index_head_dim=128, index_topk=512, vision_n_layers=0)
 
 
+def _deepseek_v41_config(case):
+    """vLLM's own ``DeepseekV41Config`` (transformers_utils/configs/deepseek_v41.py) for the case's decoder layers: each
+    layer's compress ratio (that of its compressed cache; 0 for a layer owning only its SWA cache), its kv sources (the
+    layers with a compressed cache) and index sources (those with indexer keys), the window of its SWA caches. The rest
+    is V4.1's geometry (one latent head of 512 = 448 NoPE + 64 RoPE, which its compressor asserts; 128-wide index keys;
+    64 query heads in 8 output groups), with small sizes for what only shapes weights (which stay on meta)."""
+    from vllm.transformers_utils.configs.deepseek_v41 import DeepseekV41Config
+
+    ratios: dict[int, int] = {}
+    kv_sources, index_sources, windows = [], [], {128}
+    for layer in case.layers:
+        index = int(layer.name.split(".attn")[0].rsplit(".", 1)[-1])
+        ratios.setdefault(index, 0)
+        if layer.kind == "dsv4_attention":
+            ratios[index] = layer.index_kpool
+            kv_sources.append(index)
+        elif layer.kind == "dsv4_indexer":
+            index_sources.append(index)
+        elif layer.kind == "dsv4_swa":
+            windows = {layer.sliding_window}
+    num_layers = max(ratios) + 1
+    text = dict(hidden_size=1024, num_attention_heads=64, o_groups=8, q_lora_rank=1024, o_lora_rank=1024, head_dim=512,
+                qk_rope_head_dim=64, sliding_window=windows.pop(), rms_norm_eps=1e-6,
+                max_position_embeddings=case.max_model_len, rope_theta=10000.0, compress_rope_theta=160000.0,
+                rope_scaling={"rope_type": "default"}, index_topk=512, index_n_heads=64, index_head_dim=128,
+                num_nextn_predict_layers=0, num_hidden_layers=num_layers,
+                compress_ratios=[ratios.get(i, 0) for i in range(num_layers)], kv_source_layer_ids=kv_sources,
+                index_source_layer_ids=index_sources)
+    return DeepseekV41Config(text_config=text)
+
+
 class ModelConfigStandIn:
     """The few ``ModelConfig`` answers the driven code reads (no HF config on disk).
 
@@ -105,6 +136,9 @@ class ModelConfigStandIn:
         if any(l.kind in DSV4_KINDS for l in case.layers):
             self.use_mla = True  # DeepSeek V4 is an MLA model (its caches hold latent records)
             self.hf_config = self.hf_text_config = _deepseek_v4_text_config(case)
+        if any(l.family == "deepseek_v41" for l in case.layers):
+            self.hf_config = self.hf_text_config = _deepseek_v41_config(case)
+            self.model_type = "deepseek_v41"
         self.architectures: list[str] = []  # no model class (0.22's init_model_state looks for Whisper)
         if any(l.family == "step5" for l in case.layers):
             # Step5's DSA layers are a Step5 checkpoint's: the architecture VllmConfig's MRv1 validation refuses

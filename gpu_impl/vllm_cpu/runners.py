@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 from gpu_impl.vllm_cpu import shims
-from reference.config import DSV4_KINDS
+from reference.config import DSV4_KINDS, dsv41_prefix
 
 MAX_NUM_REQS = 4
 """The runners' ``max_num_reqs`` (``--max-num-seqs``): sizes block tables and builder scratch."""
@@ -199,6 +199,8 @@ def _build_layer(layer, cache_config, vc):
         return _inkling_attention(layer, vc)
     if kind == "full" and layer.family == "step5":
         return _step5_dsa_attention(layer, layer_cache, vc)
+    if layer.family == "deepseek_v41":
+        return _deepseek_v41_attention(layer, vc)
     if kind in ("full", "sliding_window", "chunked_local", "cross", "sink_full", "rswa", "prefix_lm", "encoder_only"):
         from vllm.model_executor.layers.attention.attention import Attention
 
@@ -473,6 +475,27 @@ def _deepseek_v4_cache(layer, cache_config, vc, fc):
     return layer_obj
 
 
+def _deepseek_v41_attention(layer, vc):
+    """DeepSeek V4.1's attention for the decoder layer whose cache ``layer`` is, as ``DeepseekV4DecoderLayer`` builds it
+    (models/deepseek_v41/nvidia/model.py): the class vLLM's ``_select_dsv4_attn_cls`` picks for the config (FlashMLA,
+    which the case names), constructed with the model's shared top-k buffer and aux streams as ``DeepseekV4Model``
+    makes them (no candidate buffer: the config names no candidate source). Its constructor registers the layer
+    (``...layers.{i}.attn``) and the caches its role gives it, from the model's config (``ModelConfigStandIn``: vLLM's
+    own ``DeepseekV41Config`` for the case): the indexer keys, the SWA cache, a ratio-2 compressor's ring. Weights stay
+    on meta; the streams are stand-ins (a CUDA stream needs a driver; the layer only keeps them)."""
+    import torch
+
+    select = _own_layer_class(layer, "vllm.models.deepseek_v41.nvidia.model", "_select_dsv4_attn_cls")
+    config = vc.model_config.hf_config
+    prefix = dsv41_prefix(layer)
+    topk_indices = torch.empty(vc.scheduler_config.max_num_batched_tokens, config.index_topk, dtype=torch.int32,
+                               device="cuda")
+    with shims.cuda_streams(), shims.tensor_parallel_group(vc.parallel_config.tensor_parallel_size):
+        streams = [torch.cuda.Stream() for _ in range(3)]
+        return select(vc)(vc, prefix=prefix, topk_indices_buffer=topk_indices, aux_stream_list=streams,
+                          candidate_block_buffer=None)
+
+
 def _state_space_layer(layer, fc):
     import torch
     from vllm.model_executor.layers.mamba.abstract import MambaBase
@@ -575,6 +598,10 @@ def _family_owner(layer, by_name: dict[str, Any]):
         owner = by_name.get(layer.name.removesuffix(".conv_state") + ".attn")
         if owner is not None and owner.family == "inkling":
             return owner
+    if layer.family == "deepseek_v41":
+        # Its decoder layer's attention builds every cache of the layer (the first listed builds them all).
+        prefix = dsv41_prefix(layer)
+        return next(l for l in by_name.values() if l.family == "deepseek_v41" and dsv41_prefix(l) == prefix)
     if layer.kind in ("qsa_key_state", "qsa_compressed_key") and ".indexer." in layer.name:
         owner = by_name.get(layer.name.rsplit(".indexer.", 1)[0] + ".attn")
         if owner is not None and owner.family == "qwen4_exp":
@@ -594,7 +621,10 @@ def build_layers(case, runner: str, vc) -> dict[str, Any]:
     dcp = shims.decode_context_parallel_group(case.decode_context_parallel_size)
     pcp = shims.prefill_context_parallel_group(_pcp_size(case))
     # Mixer classes read the tensor-parallel group when built and when asked for their state.
-    with shims.cuda_on_meta(), dcp, pcp, mixer_environment(case), set_default_torch_dtype(_torch_dtype(case.model_dtype)):
+    # DeepSeek V4.1's attention asks which runner runs (bounded SWA replay is MRv2's): as a deployment selects it.
+    runner_env = shims.model_runner_env(runner) if any(l.family == "deepseek_v41" for l in case.layers) else contextlib.nullcontext()
+    with shims.cuda_on_meta(), dcp, pcp, mixer_environment(case), runner_env, \
+            set_default_torch_dtype(_torch_dtype(case.model_dtype)):
         by_name = {layer.name: layer for layer in case.layers}
         _MINIMAX_INDEX_DIMS.clear()
         _MINIMAX_INDEX_DIMS.update({l.name: by_name[f"{l.name}.index_cache"].head_size

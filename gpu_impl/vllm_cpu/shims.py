@@ -434,6 +434,39 @@ class _RankZeroGroup:
 
 
 @contextlib.contextmanager
+def cuda_streams() -> Iterator[None]:
+    """``torch.cuda.Stream()`` needs a CUDA driver; a layer that is handed side streams at construction (DeepSeek
+    V4.1's attention: its input GEMMs' aux streams) only keeps them, so a stand-in object is enough."""
+    import torch
+
+    class _Stream:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    saved = torch.cuda.Stream
+    torch.cuda.Stream = _Stream
+    try:
+        yield
+    finally:
+        torch.cuda.Stream = saved
+
+
+@contextlib.contextmanager
+def model_runner_env(runner: str) -> Iterator[None]:
+    """``VLLM_USE_V2_MODEL_RUNNER`` as a deployment of ``runner`` sets it (``VllmConfig.use_v2_model_runner`` reads it
+    live), restored after."""
+    saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if runner == "mrv2" else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
+
+
+@contextlib.contextmanager
 def attributes_set(target: Any, **values: Any) -> Iterator[None]:
     """``target``'s attributes set to ``values`` for the block, the originals restored after it."""
     saved = {name: getattr(target, name) for name in values}
