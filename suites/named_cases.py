@@ -134,6 +134,11 @@ def deepseek_v41_caches(decoder_layers: Sequence[tuple[int, bool]], *, sliding_w
     return tuple(layers)
 
 
+_DSV41_PATTERN = ((1, True), (0, False), (2, True), (2, False), (0, False))
+"""A small DeepSeek V4.1: a ratio-1 kv and index source, a layer owning only its SWA cache, a ratio-2 kv and index
+source, a ratio-2 kv source reading the index above it, another SWA-only layer."""
+
+
 def qwen4_exp_qsa_layers(n: int, *, compress_ratio: int = 4, index_head_size: int = 128, num_kv_heads: int = 2,
                          head_size: int = 256, cache_dtype: str = "auto") -> tuple[LayerConfig, ...]:
     """Qwen4-exp's QSA layers built as its own ``Qwen4ExpQSAAttention`` (family ``qwen4_exp``): per layer its indexer's
@@ -774,6 +779,37 @@ def _build() -> dict[str, CaseConfig]:
             note="DeepSeek V4 with the hybrid KV cache manager off: vLLM's promotion of the sliding-window MLA caches "
             "to full attention passes bounded_replay to MLAAttentionSpec and raises TypeError "
             "(docs/findings/swa-mla-promotion-bounded-replay.md; expectation swa-mla-promotion-passes-bounded-replay).",
+        ),
+        CaseConfig(
+            "dsv41-caches-b64",
+            deepseek_v41_caches(_DSV41_PATTERN),
+            block_size=64,
+            num_blocks=8,
+            attention_backend=DSV41_ATTENTION_BACKEND,
+            note="DeepSeek V4.1's decoder layers built as its own DeepseekV4Attention on FlashMLA (SM90): kv sources of "
+            "compress ratio 1 and 2, with and without indexer keys, and layers owning only their SWA cache; V4's "
+            "584-byte records in 576-byte pages, 32-token SWA blocks, a ratio-2 compressor's 8-row fp32 ring. MRv2 "
+            "keeps the SWA window out of prefix caching (bounded replay), MRv1 does not.",
+        ),
+        CaseConfig(
+            "dsv41-mxfp8-sm100-b128",
+            deepseek_v41_caches(_DSV41_PATTERN),
+            block_size=128,
+            num_blocks=8,
+            attention_backend=DSV41_ATTENTION_BACKEND,
+            capability=(10, 0),
+            note="DeepSeek V4.1 on SM100: FlashMLA decodes V4.1's MXFP8 record (528 bytes, 512-byte pages), 128-token "
+            "kernel blocks, and the SWA caches' block stride is a multiple of a whole record (block_stride_alignment "
+            "528), which the packed block rounds up to.",
+        ),
+        CaseConfig(
+            "dsv41-b128-sm90-refused",
+            deepseek_v41_caches(_DSV41_PATTERN),
+            block_size=128,
+            num_blocks=8,
+            attention_backend=DSV41_ATTENTION_BACKEND,
+            note="DeepSeek V4.1 at --block-size 128 on SM90: FlashMLA and the indexer take 64-token kernel blocks there, "
+            "which a packed block of mixed pages cannot be split into; vLLM refuses (its own default on SM90 is 64).",
         ),
         CaseConfig(
             "qwen4-qsa-ratio-refused-b16",

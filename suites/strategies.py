@@ -49,6 +49,7 @@ FAMILIES = (
     "dsv4",
     "inkling",
     "step5",
+    "dsv41",
 )
 """Model families, simplest first: the group mixes the issue names, plus Llama-4-style
 chunked local attention, static-sink attention, encoder-decoder cross attention, DeepSeek's
@@ -62,7 +63,9 @@ with its indexer's kpool tail ring (``Glm5NextTailCache``, a ``CircularBufferSpe
 BERT-like encoder-only models (``EncoderOnlyAttention``: no KV cache), and DeepSeek V4's caches (per decoder layer
 a sliding window only, CSA with its indexer or HCA: ``deepseek_v4_caches``), and Inkling's decoder layers (its own
 attention classes, each after its short-conv state: ``inkling_layers``), and Step5's layers (sliding-window layers beside
-DSA layers built as its own ``Step5Attention``, each with its region summaries and tail ring: ``step5_layers``). A seeded
+DSA layers built as its own ``Step5Attention``, each with its region summaries and tail ring: ``step5_layers``), and
+DeepSeek V4.1's decoder layers (its own attention class on FlashMLA, kv sources of compress ratio 1 or 2 with their
+indexer keys and compressor rings, and layers owning only their SWA cache: ``deepseek_v41_caches``). A seeded
 profile's configs
 are a function of its seed and of this list: adding a family redraws them."""
 
@@ -240,6 +243,18 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
             # refuses DCP first (0.33).
             dcp = 1
         block_size = pick((256, block_size))
+    elif family == "dsv41":
+        # DeepSeek V4.1's decoder layers: compress ratio 1 or 2 (kv sources, an index source or not) or a layer owning
+        # only its SWA cache; the first kv source is an index source (V4.1's topology needs one at or below every kv
+        # source). Most draws at a block size its kernels take (64 on SM90, 128 on SM10x), the rest refused alike.
+        from suites.named_cases import deepseek_v41_caches
+
+        decoder_layers = [(pick((1, 2, 0)), pick((True, False))) for _ in range(n)]
+        first_source = next((i for i, (ratio, _) in enumerate(decoder_layers) if ratio), None)
+        if first_source is not None:
+            decoder_layers[first_source] = (decoder_layers[first_source][0], True)
+        layers = list(deepseek_v41_caches(decoder_layers, sliding_window=pick((128, 64))))
+        block_size = pick((64, 128, block_size))
     elif family == "inkling":
         # Inkling's decoder layers (its own classes, on FlashAttention and its short-conv builder): global or local
         # attention, each after its short-conv state; the packed conv head the power of two its streams pad to.
@@ -315,6 +330,12 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         model_dtype, disable_hma = "bfloat16", False
         if connector not in (None, "nixl"):
             connector = None  # only NIXL (CUDA buffers) and MooncakeStore move its summaries; the others refuse
+    if family == "dsv41":
+        # Drawn and then undone: V4.1 cases name FlashMLA (the path the reference models; by default SM100 picks
+        # FlashMLA mega attention).
+        from reference.config import DSV41_ATTENTION_BACKEND
+
+        attention_backend = DSV41_ATTENTION_BACKEND
     if family == "mamba_hybrid" and state_mixers:
         # Drawn last (no other draw moves): the state layers as a MambaBase stand-in with the shapes
         # above, or as one of vLLM's own mixer classes, which computes its state from its geometry.
