@@ -861,6 +861,9 @@ def _check_dsv41_model(case: "CaseConfig") -> None:
         by_kind = {l.kind: l for l in layers}
         attention = by_kind.get("dsv4_attention")
         ratio = attention.index_kpool if attention is not None else 0
+        if attention is None and set(kinds) - {"dsv4_swa"}:
+            raise ConfigError(f"layer {prefix!r}: DeepSeek V4.1's indexer keys and compressor rings belong to a kv source; "
+                              f"list its compressed cache ('dsv4_attention' {prefix!r}) first")
         expected = [k for k in order if k == "dsv4_swa" or (attention is not None and (
             k == "dsv4_attention" or (k == "dsv4_indexer" and "dsv4_indexer" in by_kind)
             or (k == "dsv4_compressor_state" and ratio == 2)))]

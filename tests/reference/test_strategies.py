@@ -27,7 +27,7 @@ def test_sample_covers_every_family_and_parallel_shape() -> None:
     sample = sample_cases(SEED, 1000)
     families = Counter(c.name.split("-", 3)[-1] for c in sample)
     assert set(families) == set(FAMILIES), families
-    assert min(families.values()) >= 40, families  # about 56 each for 18 families
+    assert min(families.values()) >= 35, families  # about 53 each for 19 families (a binomial sd of 7)
     parallel = Counter((c.tensor_parallel_size, c.decode_context_parallel_size) for c in sample)
     assert sum(n for (tp, _), n in parallel.items() if tp > 1) >= 200, parallel
     assert sum(n for (_, dcp), n in parallel.items() if dcp > 1) >= 50, parallel

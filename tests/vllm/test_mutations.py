@@ -602,6 +602,40 @@ MUTATIONS = (
         frozenset({"registered_dtype", "registered_offset", "registered_stride", "tensor_placement"}),
     ),
     Mutation(
+        # DeepSeek V4.1 choosing its MXFP8 record (528 bytes, 512-byte pages) on SM90, whose FlashMLA decodes only
+        # V4's 584-byte record: the capability check of _use_v41_mxfp8_kv_record answering True everywhere.
+        "dsv41-mxfp8-record-on-sm90", "dsv41-caches-b64", "vllm.models.deepseek_v41.attention",
+        "_use_v41_mxfp8_kv_record", lambda original: (lambda: True), "registered_shape",
+        # Every record and page shrinks: the packed block, the pool and every view after the first move.
+        frozenset({"bytes_per_block", "registered_offset", "registered_shape", "registered_storage", "registered_stride",
+                   "tensor_placement"}), runner="mrv2",
+    ),
+    Mutation(
+        # DeepSeek V4.1's SWA cache in V4's 64-token blocks instead of the 32 its attention asks for.
+        "dsv41-swa-v4-block", "dsv41-caches-b64", "vllm.models.deepseek_v41.attention",
+        "DeepseekV4SWACache", _layer_spec_replaced(block_size=lambda spec: spec.block_size * 2), "groups",
+        # Twice the SWA page inside the packed block (the compressed caches' group stays the widest): the SWA
+        # group's kernel and builder blocks double and its later pages move.
+        frozenset({"builder_kernel_block_size", "groups", "kernel_block_size", "registered_offset", "registered_shape",
+                   "tensor_placement"}), runner="mrv2",
+    ),
+    Mutation(
+        # DeepSeek V4.1's index keys without their fp32 scales (128 bytes a state instead of 132).
+        "dsv41-indexer-without-scales", "dsv41-caches-b64", "vllm.models.deepseek_v41.attention",
+        "DeepseekV4IndexerCache", _layer_spec_replaced(head_size=lambda spec: spec.head_size - 4), "registered_shape",
+        # The page keeps its 576-byte-aligned size; the keys inside it are read 4 bytes apart.
+        frozenset({"registered_shape"}), runner="mrv2",
+    ),
+    Mutation(
+        # DeepSeek V4.1's compressor ring of 4 rows, without room for the previous row and the bonus token's.
+        "dsv41-compressor-ring-halved", "dsv41-caches-b64", "vllm.models.deepseek_v41.compressor",
+        "CompressorStateCache", _layer_spec_replaced(block_size=lambda spec: spec.block_size // 2), "groups",
+        # Half the ring inside the packed block: the ring group's kernel and builder blocks halve, its second ring
+        # moves.
+        frozenset({"builder_kernel_block_size", "groups", "kernel_block_size", "registered_offset", "registered_shape",
+                   "tensor_placement"}), runner="mrv2",
+    ),
+    Mutation(
         # Kimi K3's own MLA class reporting half its latent width.
         "kimi-k3-mla-half-latent", "kimi-k3-mla-own-class-b64", "vllm.models.kimi_k3.nvidia.mla",
         "MultiHeadLatentAttention", _layer_spec_replaced(head_size=lambda spec: spec.head_size // 2), "registered_shape",
@@ -775,7 +809,7 @@ def test_an_unreleased_build_still_catches_every_mutation(mutation: Mutation, mo
 def test_the_contract_catches_most_mutations() -> None:
     """The figure the README states: mutations caught by the contract alone."""
     caught = [m.id for m in MUTATIONS if m.contract]
-    assert len(caught) == 13 and len(MUTATIONS) == 48, (len(caught), len(MUTATIONS))
+    assert len(caught) == 13 and len(MUTATIONS) == 52, (len(caught), len(MUTATIONS))
 
 
 # --- MRv1 vs MRv2 ----------------------------------------------------------------------------------
