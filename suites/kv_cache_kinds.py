@@ -61,10 +61,13 @@ def _layer(path: str, name: str, reports: str, kind: str | None = None, case: st
     return Coverage(path, name, "layer", reports, kind, case, driven, schedules, why)
 
 
-_DSV41 = ("a DeepSeek V4.1 cache: it builds on CPU on the meta device; V4.1 adds to V4's packing kv-source and "
-          "consumer layers (only sources own a compressed cache), MXFP8 records chosen by the environment "
-          "(_use_v41_mxfp8_kv_record) with block-stride alignments of whole records, 32-token bounded-replay SWA blocks "
-          "and a compressor ring sized by the drafts, which the reference does not model; " + _NOT_YET)
+_DSV41 = ("family deepseek_v41 on DeepSeek V4's kinds: vLLM's own DeepseekV4Attention, as its decoder layer builds it "
+          "(the class _select_dsv4_attn_cls picks for FlashMLA, which V4.1 cases name: by default SM100 picks mega "
+          "attention's NVFP4 cache, not modeled), from vLLM's DeepseekV41Config for the case's layers, registering the "
+          "caches its role gives it (kv source, index source, or a layer owning only its SWA cache). Records per "
+          "capability: V4's 584 bytes in 576-byte pages on SM90, the MXFP8 528 in 512-byte pages on SM10x "
+          "(_use_v41_mxfp8_kv_record). fp8_ds_mla only; layers that read another's compressed cache (consumers) own only "
+          "their SWA cache, as sliding-window layers do")
 _HISPARSE = ("HiSparse runs only on CUDA (VllmConfig refuses it elsewhere: 'HiSparse currently requires NVIDIA CUDA'), "
              "on MRv2 with the hybrid manager; v1/hisparse/layout.py derives these specs from the sparse-MLA and indexer "
              "specs and replaces the grouping with its own packing, which the reference does not model; " + _NOT_YET)
@@ -105,8 +108,8 @@ INVENTORY: tuple[Coverage, ...] = (
           "hidden-states-swa-hybrid", "yes", True),
     _spec("CircularBufferSpec", "one ring block per request, no slot mapping", "circular_buffer", "kpool-tail-b64",
           "yes", True, "built by GLM-5-next's Glm5NextTailCache, Qwen4-exp's QSAKeyStateCache (kind qsa_key_state) and "
-          "Step5's Step5CSATailRing (kind step5_csa_ring); its other user (DeepSeek V4.1's compressor) is not driven yet. "
-          "The rings count no drafts (the drivers build layers without a speculative config)"),
+          "Step5's Step5CSATailRing (kind step5_csa_ring) and DeepSeek V4.1's compressor (kind dsv4_compressor_state with "
+          "family deepseek_v41). The rings count no drafts (the drivers build layers without a speculative config)"),
     _spec("MambaSpec", "state-space layers' state (one block per request, or per mamba_block_size)", "mamba",
           "mamba-hybrid", "yes", True),
     _spec("HiSparseHotSpec", "HiSparse's per-request hot cache (no views, no slot mapping)", why=_HISPARSE),
@@ -160,7 +163,9 @@ INVENTORY: tuple[Coverage, ...] = (
     _layer("v1/attention/backends/mla/sparse_swa.py", "DeepseekV4SWACache", "SlidingWindowMLASpec", "dsv4_swa",
            "dsv4-caches-b256", "yes", True,
            "built as DeepseekV4FlashMLAAttention builds it: 584-byte fp8_ds_mla records in 64-token blocks of its own, "
-           "on the class's swa_backend_cls; V4.1's bounded-replay variant is not modeled"),
+           "on the class's swa_backend_cls; V4.1's attention builds it in 32-token blocks, with MRv2's bounded replay "
+           "(kept out of prefix caching; expectation dsv41-bounded-swa-replay-on-mrv2-only) and on SM10x whole-record "
+           "block strides (dsv41-mxfp8-sm100-b128)"),
     # --- the model families of vllm/models -------------------------------------------------------
     _layer("models/deepseek_v4/attention.py", "DeepseekV4Attention", "MLAAttentionSpec (one record per compress ratio)",
            "dsv4_attention", "dsv4-caches-b256", "stand-in", True,
@@ -176,9 +181,18 @@ INVENTORY: tuple[Coverage, ...] = (
            "dsv4_compressor_state", "dsv4-caches-b256", "yes", True,
            "4-token blocks and a window of 8 for ratio 4, 8-token blocks and a window of 128 for ratio 128, on "
            "CompressorBackend"),
-    _layer("models/deepseek_v41/attention.py", "DeepseekV4Attention", "MLAAttentionSpec", why=_DSV41),
-    _layer("models/deepseek_v41/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec", why=_DSV41),
-    _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", why=_DSV41),
+    _layer("models/deepseek_v41/attention.py", "DeepseekV4Attention", "MLAAttentionSpec (kv sources; None otherwise)",
+           "dsv4_attention", "dsv41-caches-b64", "yes", True,
+           "a kv source's compressed cache, one record per compress ratio (1 or 2) on FLASHMLA_SPARSE_DSV41 (64-token "
+           "kernel blocks on SM90, 128 elsewhere). " + _DSV41),
+    _layer("models/deepseek_v41/attention.py", "DeepseekV4IndexerCache", "MLAAttentionSpec (tokens_per_state = ratio)",
+           "dsv4_indexer", "dsv41-caches-b64", "yes", True,
+           "a kv and index source's keys (132 bytes a state at its ratio) on DEEPSEEK_V41_INDEXER, in its attention's page "
+           "alignment (the sparse-logits path's block-stride alignment is off by default and not modeled)"),
+    _layer("models/deepseek_v41/compressor.py", "CompressorStateCache", "CircularBufferSpec", "dsv4_compressor_state",
+           "dsv41-caches-b64", "yes", True,
+           "a ratio-2 kv source's ring of fp32 [kv, score] rows: max(8, the next power of two of drafts + 2) rows; MRv1 "
+           "computes a slot mapping for it anyway (expectation mrv1-dsv41-compressor-ring-slot-mapping-reads-past-row)"),
     _layer("models/dots3_note/nvidia/model.py", "Dots3NotePaddedMLAAttention", "MLAAttentionSpec (via MLAAttention)",
            why="dots3's sparse MLA on its Dots3NotePaddedSparseBackend, its spec's head size replaced by the physical "
            "head size of NOTE's sliding-window rows; it is built inside Dots3NoteFullAttention (a DeepseekV2MLAAttention "

@@ -117,3 +117,25 @@ def test_step5_is_built_by_its_own_classes_and_refused_by_mrv1s_own_validator() 
     # The ring is one main page; the summaries one 256-byte row per 8 tokens.
     assert obs.page_bytes[dsa + ".csa_tail_ring"] == obs.page_bytes[dsa]
     assert obs.page_bytes[dsa + ".sparse_summary_cache"] == (64 // 8 * 256, 64 // 8 * 256)
+
+
+def test_deepseek_v41_is_built_by_its_own_attention_class_as_each_runner_selects_it() -> None:
+    """DeepSeek V4.1's decoder layers are vLLM's own DeepseekV4Attention (the class its selector picks for FlashMLA),
+    which registers its caches itself from the model's config: what the observation says about them (backends, pages,
+    stride alignments, the runner's bounded replay) comes from vLLM's own objects."""
+    from suites.named_cases import CASES
+
+    source, swa_only = "model.layers.2.attn", "model.layers.1.attn"
+    observed = {runner: planning.observe(CASES["dsv41-mxfp8-sm100-b128"], runner) for runner in ("mrv1", "mrv2")}
+    for obs in observed.values():
+        assert obs.error is None
+        assert {obs.layer_backends[source + suffix] for suffix in ("", ".indexer.k_cache", ".swa_cache",
+                                                                   ".compressor.state_cache")} == {
+            "FLASHMLA_SPARSE_DSV41", "DEEPSEEK_V41_INDEXER", "DEEPSEEK_SPARSE_SWA", "CompressorBackend"}
+        # A layer owning only its SWA cache reports nothing else (its attention's spec is None).
+        assert [n for n in obs.page_bytes if n.startswith(swa_only)] == [swa_only + ".swa_cache"]
+        # SM100: the MXFP8 record, 64 states of 528 bytes at ratio 2; the SWA block stride holds whole records.
+        assert obs.page_bytes[source][0] == 64 * 528
+        assert obs.stride_alignments[source + ".swa_cache"] == 528
+    # Bounded replay keeps the SWA window out of prefix caching under MRv2 only.
+    assert (observed["mrv1"].cache_block_size, observed["mrv2"].cache_block_size) == (32, 128)
