@@ -107,16 +107,20 @@ class MooncakeAdapter(TransferWorkerAdapter):
         if named:
             return named
         t = self.caches[layer]
+
+        def folded(candidates: list[int]) -> list[int]:
+            # A packed row folded into a sibling's region (register_kv_caches dedupes by (base, block stride,
+            # kv_block_len)): that sibling's region, not every region that happens to start where it does (other
+            # groups' layers overlay the same row from the same offset).
+            return [i for i in candidates if (n := w.registered_layer_names[i]) in self.caches
+                    and self.caches[n].shape == t.shape and self.caches[n].stride() == t.stride()]
+
         exact = [i for i, b in enumerate(w.kv_caches_base_addr) if b == t.data_ptr()]
         if exact:
-            return exact
+            return folded(exact) or exact
         storage = t.untyped_storage().data_ptr()
         at_storage = [i for i, b in enumerate(w.kv_caches_base_addr) if b == storage]
-        # A packed row folded into a sibling's region (register_kv_caches dedupes by (base, block stride,
-        # kv_block_len)): that sibling's region, not every region that happens to start at the allocation.
-        folded = [i for i in at_storage if (n := w.registered_layer_names[i]) in self.caches
-                  and self.caches[n].shape == t.shape and self.caches[n].stride() == t.stride()]
-        return folded or at_storage
+        return folded(at_storage) or at_storage
 
     def descriptors(self, layer: str, block_id: int) -> Ranges:
         w = self.worker
