@@ -68,6 +68,10 @@ _DSV41 = ("family deepseek_v41 on DeepSeek V4's kinds: vLLM's own DeepseekV4Atte
           "capability: V4's 584 bytes in 576-byte pages on SM90, the MXFP8 528 in 512-byte pages on SM10x "
           "(_use_v41_mxfp8_kv_record). fp8_ds_mla only; layers that read another's compressed cache (consumers) own only "
           "their SWA cache, as sliding-window layers do")
+_ROCM = ("not driven: the drivers stand in for an NVIDIA GPU only (a CUDA platform of a chosen capability, "
+         "shims.fake_capability) and the reference knows no ROCm backend (ROCM_ATTN's family, AITER's), so a ROCm build's "
+         "selection and kernels have nothing to run on or be judged by; a ROCm platform stand-in is not built yet "
+         "(issue 24)")
 _HISPARSE = ("HiSparse runs only on CUDA (VllmConfig refuses it elsewhere: 'HiSparse currently requires NVIDIA CUDA'), "
              "on MRv2 with the hybrid manager; v1/hisparse/layout.py derives these specs from the sparse-MLA and indexer "
              "specs and replaces the grouping with its own packing, which the reference does not model; " + _NOT_YET)
@@ -209,10 +213,9 @@ INVENTORY: tuple[Coverage, ...] = (
            "glm5next-kda-hybrid", "yes", True, "mixer kind glm5next_kda: built from a Glm5NextTextConfig; a float16 "
            "recurrent state is refused as vLLM refuses it (kda-fp16-state-refused)"),
     _layer("models/inkling/amd/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec",
-           why="the ROCm build of Inkling's attention (its NVIDIA class below is driven; the same get_kv_cache_spec); "
-           + _NOT_YET),
+           why="the ROCm build of Inkling's attention (its NVIDIA class below is driven; the same get_kv_cache_spec); " + _ROCM),
     _layer("models/inkling/amd/sconv_swa_attn.py", "InklingConvState", "SlidingWindowSpec",
-           why="the ROCm build of Inkling's short-conv state (its NVIDIA class below is driven; the same spec); " + _NOT_YET),
+           why="the ROCm build of Inkling's short-conv state (its NVIDIA class below is driven; the same spec); " + _ROCM),
     _layer("models/inkling/nvidia/attention.py", "InklingAttention", "FullAttentionSpec, SlidingWindowSpec", "full",
            "inkling-sconv-b16", "yes", True,
            "kind full or sliding_window with family inkling: built as InklingDecoderLayer builds it, wired to its "
@@ -227,7 +230,7 @@ INVENTORY: tuple[Coverage, ...] = (
            "attention, as vLLM refuses it: two windows in one group (inkling-hma-off-windows-refused) or its builder's "
            "assertion (inkling-hma-off-builder-refused)"),
     _layer("models/kimi_k3/amd/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)",
-           why="the ROCm build of Kimi K3's KDA layer (its NVIDIA class below is driven); " + _NOT_YET),
+           why="the ROCm build of Kimi K3's KDA layer (its NVIDIA class below is driven); " + _ROCM),
     _layer("models/kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention", "MambaSpec (KDA state)", "mamba",
            "kimi-k3-kda-hybrid", "yes", True, "mixer kind kimi_k3_kda: built from a KimiLinearConfig, on its own "
            "KIMI_K3_KDA backend"),
@@ -237,8 +240,7 @@ INVENTORY: tuple[Coverage, ...] = (
            "selected by the layer); also the zoo's kimi-k3; it refuses prefill context parallelism "
            "(kimi-k3-mla-pcp2-refused)"),
     _layer("models/minimax_m3/amd/model.py", "MiniMaxM3SparseAttention", "FullAttentionSpec",
-           why="the ROCm build of MiniMax M3's sparse attention (AITER sparse PA; its NVIDIA class below is driven); "
-           + _NOT_YET),
+           why="the ROCm build of MiniMax M3's sparse attention (AITER sparse PA; its NVIDIA class below is driven); " + _ROCM),
     _layer("models/minimax_m3/common/indexer.py", "MiniMaxM3IndexerCache", "MLAAttentionSpec (indexer)",
            "minimax_indexer", "minimax-m3-indexer-b128", "yes", True,
            "MiniMax M3's key-only lightning-indexer cache (bf16, or fp8 e4m3) on its own MINIMAX_M3_SPARSE_INDEXER "
@@ -252,7 +254,7 @@ INVENTORY: tuple[Coverage, ...] = (
            "SM100's MSA backend is not modeled (the layer picks it only where current_platform.is_cuda()); an fp8 "
            "index cache is unsupported on CPU (the indexer asks for CUDA fp8)"),
     _layer("models/qwen4_exp/amd/qsa.py", "Qwen4ExpQSAAttention", "FullAttentionSpec",
-           why="the ROCm build of Qwen4-exp's QSA attention (its NVIDIA class below is driven); " + _NOT_YET),
+           why="the ROCm build of Qwen4-exp's QSA attention (its NVIDIA class below is driven); " + _ROCM),
     _layer("models/qwen4_exp/common/qsa_cache.py", "QSAKeyStateCache", "CircularBufferSpec", "qsa_key_state",
            "qwen4-qsa-caches-b64", "yes", True,
            "Qwen4-exp's QSA compressor ring (compress_ratio raw bf16 keys, drafts rounded up to whole groups) on its "
