@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from reference.config import DSV4_KINDS, LAYER_OWN_BACKENDS
+from reference.config import DSV4_KINDS, LAYER_OWN_BACKENDS, dsv41_prefix
 
 _NO_DEFAULT = object()
 
@@ -53,7 +53,7 @@ def _deepseek_v41_config(case):
     ratios: dict[int, int] = {}
     kv_sources, index_sources, windows = [], [], {128}
     for layer in case.layers:
-        index = int(layer.name.split(".attn")[0].rsplit(".", 1)[-1])
+        index = int(dsv41_prefix(layer).split(".")[-2])  # ...layers.{i}.attn (the case checks the name)
         ratios.setdefault(index, 0)
         if layer.kind == "dsv4_attention":
             ratios[index] = layer.index_kpool
