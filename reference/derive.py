@@ -650,11 +650,16 @@ DSV41_SWA_BLOCK_SIZE = 32
 """``DeepseekV4SWACache(block_size=32)`` as DeepSeek V4.1's attention builds it (V4 leaves the class default, 64)."""
 
 
+def dsv41_writes_mxfp8(capability: tuple[int, int]) -> bool:
+    """``_use_v41_mxfp8_kv_record``: on SM10x FlashMLA decodes DeepSeek V4.1's MXFP8 record; elsewhere V4's."""
+    return capability[0] == 10
+
+
 def dsv41_records(capability: tuple[int, int]) -> tuple[int, int]:
     """(bytes per token of a packed fp8_ds_mla record, the page alignment) DeepSeek V4.1 writes on a GPU of this
-    capability (``_use_v41_mxfp8_kv_record``: SM10x, where FlashMLA decodes V4.1's MXFP8 record of 512 fp8 dims and
-    16 UE8M0 scales, pages already 512-byte multiples; elsewhere V4's 584-byte record and 576-byte pages)."""
-    return (528, 512) if capability[0] == 10 else (DSV4_RECORD_BYTES, DSV4_FP8_DS_MLA_ALIGNMENT)
+    capability: the MXFP8 record of 512 fp8 dims and 16 UE8M0 scales, pages already 512-byte multiples; else V4's
+    584-byte record and 576-byte pages."""
+    return (528, 512) if dsv41_writes_mxfp8(capability) else (DSV4_RECORD_BYTES, DSV4_FP8_DS_MLA_ALIGNMENT)
 
 
 def dsv41_compressor_ring(num_speculative_tokens: int = 0) -> int:
@@ -695,7 +700,8 @@ def _deepseek_v41_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
     return AttentionSpec(kind=SpecKind.SLIDING_WINDOW_MLA, block_size=DSV41_SWA_BLOCK_SIZE, cache_dtype=layer.cache_dtype,
                          cache_dtype_str=layer.cache_dtype, kv_quant_mode=quant_mode(layer.cache_dtype),
                          sliding_window=layer.sliding_window, state_content_bytes=record, max_tp_shards=1,
-                         block_stride_alignment=record if alignment == 512 else None, **common)
+                         # lcm(the SWA record, the compressed record): one record in fp8_ds_mla.
+                         block_stride_alignment=record if dsv41_writes_mxfp8(case.capability) else None, **common)
 
 
 def _deepseek_v4_spec(case: CaseConfig, layer: LayerConfig) -> AttentionSpec:
