@@ -951,7 +951,17 @@ def _check_kernel_views(d_plan: KVCachePlan, backends: dict[str, str], views: di
         for name in group.layer_names:
             spec = layer_spec_of(group.spec, name)
             kbs = per_layer.get(name)
-            if kbs is not None and kbs != spec.block_size and views[name].shape[2] != spec.num_kernel_states(kbs):
+            view = views[name]
+            if kbs is not None and kbs != spec.block_size and view.shape[2] != spec.num_kernel_states(kbs):
+                kernel_page = spec.num_kernel_states(kbs) * view.stride[2]
+                if spec.tokens_per_state > 1 and view.shape[1] == 1 and view.stride[0] % kernel_page == 0:
+                    # vLLM 0.33 maps a compressed cache (written from its block table) to kernel blocks through a
+                    # strided view instead: kernel block j of block b is b * (block stride / kernel page) + j, the
+                    # builder's block table expanded by that stride, the registered view kept in manager blocks.
+                    raise NotModeledError(
+                        f"layer {name!r}: a packed compressed cache ({spec.tokens_per_state} tokens per state) split "
+                        f"into {kbs}-token kernel blocks through a strided view (vLLM 0.33's "
+                        "AttentionGroup.map_kv_cache_to_kernel_blocks) is not modeled yet")
                 raise StartupError(
                     f"{backends[name]} needs {kbs}-token kernel blocks, which packed {spec.block_size}-token KV "
                     f"cache blocks cannot be split into. Reduce --block-size to {kbs} or set "

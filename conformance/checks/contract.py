@@ -193,20 +193,42 @@ def _supports(declared: Iterable[int | str], size: int) -> bool:
     return any(size == d if isinstance(d, int) else size % int(str(d)[1:] or 1) == 0 for d in declared)
 
 
+def _mapped_to_kernel_blocks(observation: Any, name: str, group_size: int, builder_size: int) -> bool:
+    """Whether ``name`` computes with its registered blocks split into the builder's kernel blocks: every cache it is
+    bound to holds ``group_size / builder_size`` times fewer rows per block than its registered view (vLLM 0.33's
+    ``AttentionGroup.map_kv_cache_to_kernel_blocks`` for a packed compressed cache: a strided view of kernel pages,
+    the registered view kept in manager blocks for connectors)."""
+    reg = observation.registered.get(name)
+    bound = (getattr(observation, "bound_views", None) or {}).get(name) or ()
+    if reg is None or not bound or builder_size <= 0 or group_size % builder_size or len(reg.shape) != 4:
+        return False
+    rows = reg.shape[2] * builder_size // group_size
+    # A layer may bind its view without the one head (DeepSeek's caches squeeze [B, 1, N, C] to [B, N, C]).
+    return all(len(v.shape) >= 3 and v.shape[-2] == rows < reg.shape[2] for v in bound)
+
+
 def _check_builders(c: Collector, case: Any, observation: Any, layers: Mapping[str, _Layer]) -> None:
     builders = getattr(observation, "builder_kernel_block_sizes", None) or {}
     sizes = observation.kernel_block_sizes or ()
+    runs_at: dict[str, int] = {}
+    """The kernel block size each layer's kernels run at: its group's, or its builder's for a mapped cache."""
     for name, given in sorted(builders.items()):
         layer = layers.get(name)
         if layer is None or layer.group >= len(sizes):
+            continue
+        if given != sizes[layer.group] and _mapped_to_kernel_blocks(observation, name, sizes[layer.group], given):
+            runs_at[name] = given
             continue
         c.cmp("kernel_blocks", f"{name}: builder kernel block size (group {layer.group}'s views)",
               sizes[layer.group], given)
     declared = getattr(observation, "supported_kernel_block_sizes", None) or {}
     for name, layer in sorted(layers.items()):
-        if name in declared and layer.group < len(sizes) and not _supports(declared[name], sizes[layer.group]):
+        if name not in declared or layer.group >= len(sizes):
+            continue
+        size = runs_at.get(name, sizes[layer.group])
+        if not _supports(declared[name], size):
             c.cmp("kernel_blocks", f"{name}: kernel block size (its backend declares {list(declared[name])})",
-                  "a declared size", sizes[layer.group])
+                  "a declared size", size)
 
 
 def _check_dtypes(c: Collector, observation: Any) -> None:

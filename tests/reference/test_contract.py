@@ -127,6 +127,21 @@ def test_a_bound_view_with_other_strides_is_caught() -> None:
     assert _kinds(_observation(bound_views={"a": (_view(0),), "b": (transposed,)})) == {"bound_view"}
 
 
+def test_a_cache_bound_in_kernel_blocks_may_run_its_builder_at_them() -> None:
+    """vLLM 0.33's ``map_kv_cache_to_kernel_blocks``: a packed compressed cache stays registered in manager blocks
+    (16 tokens here) while its layer is bound to a view of 8-token kernel blocks and its builder runs at 8. The
+    backend's declared sizes are then judged at 8; a builder at 8 whose layer still computes with 16-token blocks is
+    a divergence."""
+    def halved(layer: int) -> ViewObs:
+        view = _view(layer)
+        return dataclasses.replace(view, shape=(view.shape[0] * 2, view.shape[1], 8, view.shape[3]))
+
+    mapped = dict(builder_kernel_block_sizes={"a": 8, "b": 16}, supported_kernel_block_sizes={"a": (8,), "b": ("*16",)},
+                  bound_views={"a": (halved(0),), "b": (_view(1),)})
+    assert "kernel_blocks" not in _kinds(_observation(**mapped))
+    assert "kernel_blocks" in _kinds(_observation(**dict(mapped, bound_views={"a": (_view(0),), "b": (_view(1),)})))
+
+
 def test_view_order_follows_the_layout_name() -> None:
     v = _view(1)
     lbhnc = dataclasses.replace(v, stride=(v.stride[0], 16 * 16, 16, 1))  # heads before tokens

@@ -105,3 +105,16 @@ def test_the_named_cases_start_where_vllm_does() -> None:
             else:
                 with pytest.raises(StartupError):
                     derive(CASES[name], runner)
+
+
+def test_a_packed_compressed_cache_mapped_to_kernel_blocks_is_not_modeled_yet() -> None:
+    """One ratio-2 kv source at --block-size 256 on SM100: its group holds only compressed caches, whose 256-token
+    blocks vLLM 0.33 maps onto FlashMLA's 128-token kernel blocks through a strided view
+    (``AttentionGroup.map_kv_cache_to_kernel_blocks``); the reference says so rather than guessing. Beside a ratio-1
+    layer (a cache of one state per token) the same block size is refused, as vLLM refuses it."""
+    from reference.errors import NotModeledError
+
+    with pytest.raises(NotModeledError, match="map_kv_cache_to_kernel_blocks"):
+        derive(_case(((2, True),), capability=(10, 0), block_size=256), "mrv2")
+    with pytest.raises(StartupError, match="needs 128-token kernel blocks"):
+        derive(_case(((1, True), (2, True)), capability=(10, 0), block_size=256), "mrv2")
