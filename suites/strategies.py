@@ -331,11 +331,22 @@ def build_case(pick: Callable[[Sequence[Any]], Any], integer: Callable[[int, int
         if connector not in (None, "nixl"):
             connector = None  # only NIXL (CUDA buffers) and MooncakeStore move its summaries; the others refuse
     if family == "dsv41":
-        # Drawn and then undone: V4.1 cases name FlashMLA (the path the reference models; by default SM100 picks
+        # Set last (no draw moves): V4.1 cases name FlashMLA (the path the reference models; by default SM100 picks
         # FlashMLA mega attention).
         from reference.config import DSV41_ATTENTION_BACKEND
 
         attention_backend = DSV41_ATTENTION_BACKEND
+        kernel_block = 64 if capability[0] == 9 else 128  # FlashMLA's and the indexer's on this GPU
+        sources = [i for i, l in enumerate(layers) if l.kind == "dsv4_attention"]
+        if block_size != kernel_block and sources and all(layers[i].index_kpool == 2 for i in sources):
+            # Only ratio-2 caches at a block above the kernel block: vLLM maps them onto kernel blocks through a
+            # strided view, which the reference does not model yet; a ratio-1 source makes vLLM refuse it instead.
+            from reference.config import dsv41_prefix
+
+            prefix = layers[sources[0]].name  # its compressed cache is the prefix itself; it keeps no ring at ratio 1
+            layers = [replace(l, index_kpool=1) if dsv41_prefix(l) == prefix and l.kind in ("dsv4_attention", "dsv4_indexer")
+                      else l for l in layers
+                      if not (dsv41_prefix(l) == prefix and l.kind == "dsv4_compressor_state")]
     if family == "mamba_hybrid" and state_mixers:
         # Drawn last (no other draw moves): the state layers as a MambaBase stand-in with the shapes
         # above, or as one of vLLM's own mixer classes, which computes its state from its geometry.
