@@ -22,7 +22,7 @@ from reference.parallel import prefill_context_parallel_refusal, scheduler_block
 from reference.kernel_blocks import select_common_block_size
 from reference.layout import KVCacheLayout, resolve_layout, supported_layouts
 from reference.planning import KVCachePlan, get_kv_cache_groups, plan
-from reference.releases import (DSV4_INDEXER_REFUSES_DCP, FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_STATE_PAGE_GROWS,
+from reference.releases import (DSV4_INDEXER_REFUSES_DCP, ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK, FLASHINFER_SM90_REFUSES_SLIDING_WINDOW, HIDDEN_STATE_PAGE_GROWS,
                                 MRV1_REFUSES_STEP5,
                                 PACKED_GROUPS_KEEP_MANAGER_BLOCKS, SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
                                 SLIDING_WINDOW_PACKED_AS_STATE,
@@ -1159,6 +1159,7 @@ def derive(case: CaseConfig, runner: str = "mrv1") -> Derivation:
         ),
         cache_block_size=cache_block_size,
         decode_context_parallel_size=case.decode_context_parallel_size,
+        one_replicated_group_unscaled=holds(ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK, case.vllm_version),
     )
     _check_prefix_alignment(case, kv_plan, scheduler_block, hash_block)
     if runner == "mrv1":

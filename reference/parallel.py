@@ -150,6 +150,7 @@ def scheduler_block_sizes(
     cache_block_size: int,
     decode_context_parallel_size: int,
     hashing: bool = True,
+    one_replicated_group_unscaled: bool = True,
 ) -> tuple[int, int]:
     """``resolve_kv_cache_block_sizes``: (scheduler block size, hash block size).
 
@@ -158,11 +159,13 @@ def scheduler_block_sizes(
     default for generative models). One group: ``cache_block_size`` scaled by DCP when the
     group is sharded. Several: the LCM of the groups' spans; the hash block is their GCD
     over prefix-cacheable groups, unless a Mamba group is not in ``align`` mode.
+    ``one_replicated_group_unscaled``: the release keeps one unsharded group's block unscaled
+    (``reference.releases.ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK``; 0.29 and 0.30 scale it by DCP too).
     """
     groups = list(groups)
     dcp = decode_context_parallel_size
     if len(groups) <= 1:
-        if groups and not groups[0][1]:
+        if groups and not groups[0][1] and one_replicated_group_unscaled:
             dcp = 1
         size = cache_block_size * dcp
         return size, size

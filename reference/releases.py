@@ -607,6 +607,18 @@ MRV2_DCP_SHARDING_PER_GROUP: tuple[Fact[bool], ...] = (
 """Whether MRv2 maps a group that is not DCP-sharded (Mamba state) by the global position;
 before, every group's slots were sharded over the DCP ranks."""
 
+ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK: tuple[Fact[bool], ...] = (
+    Fact(GEN2_FACTS_FROM, False,
+         "vllm/v1/core/kv_cache_utils.py resolve_kv_cache_block_sizes in 0.29.0 and 0.30.0: one KV cache group's "
+         "scheduler and hash block is cache_config.block_size * dcp whatever the group; observed on 0.30.0 "
+         "(random-s20261129-405-encoder_only: Gated DeltaNet layers beside encoder-only ones at DCP 2, 8192)"),
+    Fact((0, 31, 0), True,
+         "vllm/v1/core/kv_cache_utils.py resolve_kv_cache_block_sizes in 0.31.0: 'if groups and not "
+         "groups[0].kv_cache_spec.dcp_sharded: dcp = 1' (a Mamba state is replicated, not sharded)"),
+)
+"""Whether a model's one KV cache group that DCP does not shard (a Mamba state) keeps its own block as the scheduler
+and hash block; before, it was scaled by the DCP size like an attention group."""
+
 BLOCK_TABLES_HOLD_KERNEL_IDS: Mapping[str, tuple[Fact[bool], ...]] = {
     "mrv1": (
         Fact(GEN1_FIRST, True,
@@ -640,6 +652,7 @@ GEN2_DIFFERENCES: Mapping[str, tuple[Fact[bool], ...]] = {
     "a layer's spec carries its backend's block stride alignment": STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
     "MRv2 BlockTables nulls block ids below a sliding window": MRV2_SLIDING_WINDOW_REACH,
     "MRv2 maps a replicated group's slots by the global position under DCP": MRV2_DCP_SHARDING_PER_GROUP,
+    "one replicated KV cache group keeps its block as the scheduler block under DCP": ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK,
     "a sliding-window layer's block size starts from the primary block size": SLIDING_WINDOW_BLOCK_FROM_PRIMARY,
     "FlashInfer's builder refuses sliding-window layers on SM90": FLASHINFER_SM90_REFUSES_SLIDING_WINDOW,
     "the common page grows to hold a hidden-state token": HIDDEN_STATE_PAGE_GROWS,
@@ -772,6 +785,7 @@ __all__ = [
     "MOONCAKE_KERNEL_SYNC",
     "MRV1_MOVE_ROW_CLEARS_SOURCE",
     "MRV2_DCP_SHARDING_PER_GROUP",
+    "ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK",
     "MRV2_FREES_SLOTS_IN_ID_ORDER",
     "MRV2_KERNEL_BLOCKS",
     "MRV2_SLIDING_WINDOW_REACH",

@@ -25,6 +25,7 @@ from reference.releases import (
     MOONCAKE_KERNEL_SYNC,
     MRV2_KERNEL_BLOCKS,
     MRV2_SLIDING_WINDOW_REACH,
+    ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK,
     PACKED_GROUPS_KEEP_MANAGER_BLOCKS,
     STRIDE_ALIGNMENT_FROM_KERNEL_SIZES,
     TARGET_RELEASE,
@@ -104,6 +105,8 @@ def test_every_fact_names_where_it_was_read_and_series_run_oldest_first() -> Non
         (STRIDE_ALIGNMENT_FROM_KERNEL_SIZES, TARGET_RELEASE, True),
         (MRV2_SLIDING_WINDOW_REACH, "0.33.0", True),
         (MRV2_SLIDING_WINDOW_REACH, TARGET_RELEASE, True),
+        (ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK, "0.30.0", False),
+        (ONE_REPLICATED_GROUP_SPANS_ITS_BLOCK, "0.31.0", True),
     ],
 )
 def test_each_behaviour_is_there_from_its_release_on(facts, release: str, expected: bool) -> None:
@@ -198,3 +201,19 @@ def test_releases_and_platform_builds_are_not_unreleased(text: str) -> None:
 def test_a_version_that_is_no_version_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="'main'"):
         judgement_for("main")
+
+
+def test_one_replicated_group_is_scaled_by_dcp_before_031() -> None:
+    """A model whose one KV cache group is a Mamba state (Gated DeltaNet beside encoder-only layers) at DCP 2:
+    0.29 and 0.30 scale its 4096-token block by DCP like an attention group's, 0.31 on keeps it."""
+    from reference.derive import derive
+    from reference.config import LayerConfig, StateMixer
+
+    gdn = StateMixer("gated_delta_net", num_heads=8, head_dim=16, num_k_heads=16, head_k_dim=8)
+    layers = (LayerConfig("model.layers.0.linear_attn", kind="mamba", backend="GDN_ATTN", mixer=gdn),
+              LayerConfig("model.encoder.layer.0.attention.self.attn", kind="encoder_only", num_kv_heads=1, head_size=64))
+    case = CaseConfig("one-state-group-dcp2", layers, block_size=32, num_blocks=2, tensor_parallel_size=2,
+                      decode_context_parallel_size=2)
+    sizes = {v: derive(CaseConfig.from_dict(dict(case.to_dict(), vllm_version=v)), "mrv2").scheduler_block_size
+             for v in ("0.30.0", "0.31.0")}
+    assert sizes == {"0.30.0": 8192, "0.31.0": 4096}
