@@ -743,6 +743,8 @@ LAYER_OWNED_BACKENDS = {
     "DEEPSEEK_SPARSE_SWA": ("vllm.models.deepseek_v4.nvidia.flashmla", "DeepseekSparseSWAFlashMLABackend"),
     "DEEPSEEK_V4_INDEXER": ("vllm.v1.attention.backends.mla.indexer", "DeepseekV4IndexerBackend"),
     "CompressorBackend": ("vllm.models.deepseek_v4.compressor", "CompressorBackend"),
+    # DeepSeek V4.1's indexer keys (DeepseekV4IndexerCache.get_attn_backend without sparse logits).
+    "DEEPSEEK_V41_INDEXER": ("vllm.v1.attention.backends.mla.indexer", "DeepseekV41IndexerBackend"),
 }
 """Backends no ``AttentionBackendEnum`` member names: the layer returns its class itself
 (``DeepseekV32IndexerCache.get_attn_backend``)."""
